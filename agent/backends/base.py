@@ -1,0 +1,80 @@
+"""The one batched interface every policy backend satisfies: conversations in, completions out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+Message = dict  # {"role": "system"|"user"|"assistant", "content": str | list[{"type": "text"|"image", ...}]}
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Decoding settings shared by all backends. `temperature == 0` means greedy; `seed` seeds one `generate` call.
+
+    `stop` strings end a completion early (the text keeps the stop string, so closing tags survive).
+    """
+
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One generated reply with its token counts."""
+
+    text: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    finish_reason: str = "stop"
+    metadata: dict = field(default_factory=dict, compare=False, hash=False)
+
+
+class BackendError(RuntimeError):
+    """A backend could not produce a completion (server down, request rejected, OOM, ...).
+
+    The agent loop catches it and ends the affected trajectories with `stop_reason="backend_error"`.
+    """
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """A batched chat policy. `generate` returns one `Completion` per conversation, in order."""
+
+    name: str
+
+    def generate(self, conversations: list[list[Message]], params: SamplingParams) -> list[Completion]: ...
+
+
+def message_images(messages: list[Message]) -> list[str]:
+    """Image paths referenced in a conversation, in order."""
+    return [
+        part["image"]
+        for m in messages
+        if isinstance(m["content"], list)
+        for part in m["content"]
+        if part.get("type") == "image"
+    ]
+
+
+def text_only(messages: list[Message]) -> list[Message]:
+    """Flatten multimodal content to plain strings (for text-only models)."""
+    out = []
+    for m in messages:
+        content = m["content"]
+        if isinstance(content, list):
+            content = "\n".join(p["text"] for p in content if p.get("type") == "text")
+        out.append({"role": m["role"], "content": content})
+    return out

@@ -1,0 +1,110 @@
+"""Transformers backend: any causal chat LM from a local folder, a hub name, or a GGUF file."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from agent.backends.base import Completion, Message, SamplingParams, text_only
+from agent.backends.models import resolve_model
+
+logger = logging.getLogger(__name__)
+
+
+def truncate_at_stop(text: str, stop: tuple[str, ...]) -> str:
+    """Cut `text` right after the first stop string (kept, so `</answer>` survives)."""
+    cut = len(text)
+    for s in stop:
+        i = text.find(s)
+        if i != -1:
+            cut = min(cut, i + len(s))
+    return text[:cut]
+
+
+class TransformersPolicy:
+    """Batched generation with a Hugging Face causal LM and its chat template.
+
+    Args:
+        model: a local folder, a hub name, the alias `smollm2` (the packaged SmolLM2-135M-Instruct), or a folder
+            holding a `.gguf` file together with `gguf_file`.
+        gguf_file: name of a GGUF file inside `model` (loaded through transformers' GGUF support).
+        dtype: `float32` (fast on CPU), `bfloat16` or `float16` (GPU), or `auto`.
+        device: `cpu`, `cuda`, ... ; default picks CUDA when available.
+        max_batch_size: conversations per `generate` call; larger batches are split.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        gguf_file: str | None = None,
+        dtype: str = "float32",
+        device: str | None = None,
+        max_batch_size: int = 16,
+    ) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        path = resolve_model(model)
+        kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+        self.name = Path(path).name if Path(path).exists() else path
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
+        self.tokenizer.padding_side = "left"  # decoder-only batching pads on the left
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        torch_dtype = dtype if dtype == "auto" else getattr(torch, dtype)
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, **kwargs).to(self.device)
+        self.model.eval()
+        self.max_batch_size = max_batch_size
+
+    def render(self, conversation: list[Message]) -> str:
+        """The prompt string the model sees for one conversation."""
+        return self.tokenizer.apply_chat_template(text_only(conversation), tokenize=False, add_generation_prompt=True)
+
+    def generate(self, conversations: list[list[Message]], params: SamplingParams) -> list[Completion]:
+        """One completion per conversation; long batches are split into `max_batch_size` chunks."""
+        prompts = [self.render(c) for c in conversations]
+        # Sorting by length keeps padding small inside each chunk; results go back in input order.
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        out: list[Completion | None] = [None] * len(prompts)
+        for start in range(0, len(order), self.max_batch_size):
+            idx = order[start : start + self.max_batch_size]
+            for i, c in zip(idx, self._generate_chunk([prompts[i] for i in idx], params)):
+                out[i] = c
+        return out  # type: ignore[return-value]
+
+    def _generate_chunk(self, prompts: list[str], params: SamplingParams) -> list[Completion]:
+        import torch
+
+        enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
+        sample = params.temperature > 0
+        gen_kwargs: dict = {
+            "max_new_tokens": params.max_new_tokens,
+            "do_sample": sample,
+            "pad_token_id": self.tokenizer.pad_token_id,
+        }
+        if sample:
+            gen_kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k or None)
+        else:
+            gen_kwargs.update(temperature=None, top_p=None, top_k=None)
+        if params.stop:
+            gen_kwargs.update(stop_strings=list(params.stop), tokenizer=self.tokenizer)
+        if params.seed is not None:
+            torch.manual_seed(params.seed)
+        with torch.inference_mode():
+            output = self.model.generate(**enc, **gen_kwargs)
+        new = output[:, enc["input_ids"].shape[1] :]
+        completions = []
+        for row, mask in zip(new, enc["attention_mask"]):
+            n_tokens = int((row != self.tokenizer.pad_token_id).sum())
+            text = self.tokenizer.decode(row, skip_special_tokens=True)
+            finish = "length" if n_tokens >= params.max_new_tokens else "stop"
+            completions.append(
+                Completion(
+                    text=truncate_at_stop(text, params.stop),
+                    prompt_tokens=int(mask.sum()),
+                    completion_tokens=n_tokens,
+                    finish_reason=finish,
+                )
+            )
+        return completions

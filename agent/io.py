@@ -1,0 +1,130 @@
+"""Reading question files and writing trajectories: JSONL, one finished record at a time, never half a line."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from agent.loop import Question
+from agent.types import Trajectory
+
+
+def read_questions(path: str | Path) -> list[Question]:
+    """Read a question file: JSONL with `id`, `question`, optional `image`/`images` and `answers`.
+
+    Other columns are kept as metadata. A broken line, a missing field or an empty question stops with a message
+    naming the file and line.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"question file {path} does not exist")
+    out, seen = [], set()
+    with path.open(encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n}: not valid JSON ({e.msg} at column {e.colno}); fix or remove the line") from e
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}:{n}: expected a JSON object with 'id' and 'question', got {type(row).__name__}")
+            out.append(question_from_row(row, where=f"{path}:{n}"))
+            if out[-1].id in seen:
+                raise ValueError(f"{path}:{n}: duplicate id {out[-1].id!r}; ids must be unique")
+            seen.add(out[-1].id)
+    return out
+
+
+def question_from_row(row: dict, where: str = "question") -> Question:
+    """One `Question` from a dict with `id`, `question`, optional `image`/`images`/`answers` (others → metadata)."""
+    for key in ("id", "question"):
+        if key not in row:
+            raise ValueError(f"{where}: missing field {key!r}; each line needs 'id' and 'question'")
+    text = row["question"]
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"{where}: empty question for id {row['id']!r}")
+    images = row.get("images") or ([row["image"]] if row.get("image") else [])
+    for img in images:
+        if not Path(img).exists():
+            raise FileNotFoundError(f"{where}: image {img!r} of question {row['id']!r} does not exist")
+    answers = row.get("answers", row.get("golden_answers"))
+    if isinstance(answers, str):
+        answers = [answers]
+    meta = {k: v for k, v in row.items() if k not in {"id", "question", "image", "images", "answers", "golden_answers"}}
+    return Question(
+        id=str(row["id"]),
+        question=text.strip(),
+        images=tuple(str(i) for i in images),
+        answers=tuple(str(a) for a in answers) if answers is not None else None,
+        metadata=meta,
+    )
+
+
+class JsonlWriter:
+    """Appends one JSON record per line; each line is written whole and flushed, fsync'd every `fsync_every`.
+
+    Use as a context manager. On resume, `repair(path)` drops a torn last line left by a crash.
+    """
+
+    def __init__(self, path: str | Path, fsync_every: int = 1) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        repair(self.path)
+        self._f = self.path.open("a", encoding="utf-8")
+        self._n = 0
+        self.fsync_every = fsync_every
+
+    def write(self, record: dict) -> None:
+        self._f.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self._f.flush()
+        self._n += 1
+        if self.fsync_every and self._n % self.fsync_every == 0:
+            os.fsync(self._f.fileno())
+
+    def close(self) -> None:
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        self._f.close()
+
+    def __enter__(self) -> JsonlWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def repair(path: Path) -> int:
+    """Truncate a JSONL file after its last complete line; returns the number of bytes dropped."""
+    if not path.exists():
+        return 0
+    data = path.read_bytes()
+    if not data or data.endswith(b"\n"):
+        return 0
+    keep = data.rfind(b"\n") + 1
+    with path.open("r+b") as f:
+        f.truncate(keep)
+    return len(data) - keep
+
+
+def iter_jsonl(path: str | Path) -> Iterator[dict]:
+    """Records of a JSONL file; a broken line raises naming the file and line."""
+    with Path(path).open(encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    yield json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from e
+
+
+def read_trajectories(path: str | Path) -> list[Trajectory]:
+    return [Trajectory.from_dict(d) for d in iter_jsonl(path)]
+
+
+def write_trajectories(path: str | Path, trajectories: Iterable[Trajectory]) -> None:
+    with JsonlWriter(path, fsync_every=0) as w:
+        for t in trajectories:
+            w.write(t.to_dict())

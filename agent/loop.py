@@ -1,0 +1,304 @@
+"""The step loop. All active trajectories of a batch advance together (lockstep): one batched generation for all
+plan steps, one batched search per KB, one batched generation for all answer steps, then one for the final step.
+
+Malformed model output never escapes as an exception: it is re-asked a bounded number of times, then recorded
+in the step's `format_errors` and the trajectory's `stop_reason`.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+from agent.backends.base import BackendError, Completion, Message, Policy, SamplingParams
+from agent.kbs import KnowledgeBase
+from agent.prompts import answer_messages, final_messages, plan_messages, with_format_reminder
+from agent.protocol import AnswerParse, PlanParse, parse_answer, parse_plan
+from agent.types import Step, Trajectory
+from retrievers.types import Hit, Query
+
+logger = logging.getLogger(__name__)
+
+# on_event(trajectory_id, event, payload): event is "plan" | "evidence" | "answer" | "final"
+EventCallback = Callable[[str, str, dict], None]
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Settings of the step loop."""
+
+    max_steps: int = field(default=3, metadata={"help": "retrieval steps before the final answer (paper: n = 3)"})
+    top_k: int = field(default=5, metadata={"help": "hits shown to the policy per retrieval"})
+    max_retries: int = field(default=1, metadata={"help": "re-asks after a malformed reply, per step"})
+    plan_tokens: int = 160
+    answer_tokens: int = 128
+    final_tokens: int = 128
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k_sampling: int = 0
+    seed: int | None = None
+    require_think: bool = field(default=True, metadata={"help": "a missing <think> is a format error"})
+    few_shot: bool = field(default=True, metadata={"help": "show a worked example before each step (untrained policies)"})
+
+    def __post_init__(self) -> None:
+        if self.max_steps < 0:
+            raise ValueError(f"max_steps must be >= 0, got {self.max_steps}")
+        if self.top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {self.top_k}")
+        if self.max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")
+
+    def sampling(self, max_new_tokens: int, stop: tuple[str, ...], salt: int = 0) -> SamplingParams:
+        seed = None if self.seed is None else self.seed + salt
+        return SamplingParams(
+            max_new_tokens=max_new_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k_sampling,
+            seed=seed,
+            stop=stop,
+        )
+
+
+@dataclass(frozen=True)
+class Question:
+    """One question to answer. `answers` are gold answers when known; `metadata` keeps other input columns."""
+
+    id: str
+    question: str
+    images: tuple[str, ...] = ()
+    answers: tuple[str, ...] | None = None
+    metadata: dict = field(default_factory=dict, compare=False, hash=False)
+
+
+@dataclass
+class _State:
+    """Mutable bookkeeping of one trajectory while the batch runs."""
+
+    q: Question
+    steps: list[Step] = field(default_factory=list)
+    planning: bool = True
+    stop_reason: str = "answered"
+    error: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    @property
+    def history(self) -> list[tuple[str, str]]:
+        return [(s.sub_question, s.answer) for s in self.steps if s.sub_question is not None]
+
+
+def strip_tags(text: str) -> str:
+    """Best-effort answer from a malformed reply: the text without tags, think blocks removed."""
+    text = re.sub(r"<\s*think\s*>.*?<\s*/\s*think\s*>", " ", text, flags=re.IGNORECASE | re.DOTALL)
+    return " ".join(re.sub(r"<[^>]{1,40}>", " ", text).split())
+
+
+class StepAgent:
+    """Runs questions through the step protocol with one policy over a set of KBs (keyed by display name)."""
+
+    def __init__(self, policy: Policy, kbs: dict[str, KnowledgeBase], config: AgentConfig | None = None) -> None:
+        self.policy = policy
+        self.kbs = kbs
+        self.config = config or AgentConfig()
+
+    # -- generation with bounded re-asking -------------------------------------------------------------------
+    def _generate(
+        self,
+        states: list[_State],
+        convs: list[list[Message]],
+        parse: Callable[[str], PlanParse | AnswerParse],
+        params: SamplingParams,
+    ) -> list[tuple[PlanParse | AnswerParse | None, list[str]]]:
+        """Generate, re-asking the malformed ones; returns (last parse or None on backend error, raw outputs)."""
+        results: list[tuple[PlanParse | AnswerParse | None, list[str]]] = [(None, []) for _ in states]
+        pending = list(range(len(states)))
+        convs = list(convs)
+        for attempt in range(self.config.max_retries + 1):
+            if not pending:
+                break
+            try:
+                outs: list[Completion] = self.policy.generate([convs[i] for i in pending], params)
+            except BackendError as e:
+                for i in pending:
+                    states[i].stop_reason, states[i].error = "backend_error", str(e)
+                return results
+            retry = []
+            for i, out in zip(pending, outs):
+                states[i].prompt_tokens += out.prompt_tokens
+                states[i].completion_tokens += out.completion_tokens
+                raw = [*results[i][1], out.text]
+                if out.finish_reason == "error":
+                    states[i].stop_reason, states[i].error = "backend_error", out.metadata.get("error", "")
+                    results[i] = (None, raw)
+                    continue
+                parsed = parse(out.text)
+                results[i] = (parsed, raw)
+                if not parsed.ok and attempt < self.config.max_retries:
+                    convs[i] = with_format_reminder(convs[i], out.text, parsed.errors)
+                    retry.append(i)
+            pending = retry
+        return results
+
+    def _emit(self, on_event: EventCallback | None, sid: str, event: str, payload: dict) -> None:
+        if on_event is not None:
+            on_event(sid, event, payload)
+
+    # -- one batch in lockstep ---------------------------------------------------------------------------------
+    def run_batch(self, questions: Sequence[Question], on_event: EventCallback | None = None) -> list[Trajectory]:
+        """Answer all questions together; returns one trajectory per question, in order."""
+        cfg = self.config
+        states = [_State(q) for q in questions]
+        kb_menu = [(kb.display_name, kb.description) for kb in self.kbs.values()]
+        names = list(self.kbs)
+        for step_i in range(cfg.max_steps):
+            active = [s for s in states if s.planning and s.stop_reason != "backend_error"]
+            if not active:
+                break
+            # 1. plan, batched
+            t0 = time.perf_counter()
+            convs = [plan_messages(s.q.question, s.history, kb_menu, s.q.images, cfg.few_shot) for s in active]
+            plans = self._generate(
+                active,
+                convs,
+                lambda text: parse_plan(text, names, require_think=cfg.require_think),
+                cfg.sampling(cfg.plan_tokens, ("</ret>",), salt=10 * step_i),
+            )
+            plan_s = time.perf_counter() - t0
+            to_retrieve: list[tuple[_State, PlanParse, list[str]]] = []
+            for s, (parsed, raw) in zip(active, plans):
+                if parsed is None:  # backend error
+                    s.planning = False
+                    continue
+                assert isinstance(parsed, PlanParse)
+                timings = {"plan_s": plan_s}
+                if not parsed.ok:
+                    s.steps.append(Step(index=step_i, think=parsed.think or "", raw=tuple(raw),
+                                        format_errors=parsed.errors, timings=timings))
+                    s.planning, s.stop_reason = False, "format_error"
+                elif parsed.stop:
+                    s.steps.append(Step(index=step_i, think=parsed.think or "", raw=tuple(raw), timings=timings))
+                    s.planning = False
+                else:
+                    to_retrieve.append((s, parsed, raw))
+                self._emit(on_event, s.q.id, "plan", {"step": step_i, "think": parsed.think,
+                                                      "sub_question": parsed.sub_question, "kb": parsed.kb,
+                                                      "errors": list(parsed.errors)})
+            if not to_retrieve:
+                continue
+            # 2. retrieve, one batched search per KB
+            t0 = time.perf_counter()
+            hits = self._retrieve(to_retrieve)
+            retrieve_s = time.perf_counter() - t0
+            for (s, parsed, _), h in zip(to_retrieve, hits):
+                self._emit(on_event, s.q.id, "evidence", {"step": step_i, "kb": parsed.kb, "hits": h})
+            # 3. answer, batched
+            ok = [(s, p, raw, h) for (s, p, raw), h in zip(to_retrieve, hits) if s.stop_reason != "backend_error"]
+            t0 = time.perf_counter()
+            answers = self._generate(
+                [s for s, *_ in ok],
+                [answer_messages(p.sub_question, h, s.q.images, cfg.few_shot) for s, p, _, h in ok],
+                lambda text: parse_answer(text, require_think=cfg.require_think),
+                cfg.sampling(cfg.answer_tokens, ("</answer>",), salt=10 * step_i + 1),
+            )
+            answer_s = time.perf_counter() - t0
+            for (s, p, raw, h), (parsed, araw) in zip(ok, answers):
+                if parsed is None:
+                    s.planning = False
+                    continue
+                assert isinstance(parsed, AnswerParse)
+                answer = parsed.answer if parsed.ok else (parsed.answer or strip_tags(araw[-1]))
+                s.steps.append(Step(
+                    index=step_i, think=p.think or "", sub_question=p.sub_question,
+                    kb=self.kbs[p.kb].name, hits=tuple(h), answer_think=parsed.think or "", answer=answer,
+                    raw=tuple(raw + araw), format_errors=parsed.errors,
+                    timings={"plan_s": plan_s, "retrieve_s": retrieve_s, "answer_s": answer_s},
+                ))
+                self._emit(on_event, s.q.id, "answer", {"step": step_i, "answer": answer,
+                                                        "errors": list(parsed.errors)})
+        for s in states:
+            if s.planning and s.stop_reason == "answered":
+                s.stop_reason = "max_steps"
+        return self._finish(states, on_event)
+
+    def _retrieve(self, items: list[tuple[_State, PlanParse, list[str]]]) -> list[list[Hit]]:
+        by_kb: dict[str, list[int]] = {}
+        for i, (_, p, _) in enumerate(items):
+            by_kb.setdefault(p.kb, []).append(i)
+        out: list[list[Hit]] = [[] for _ in items]
+        for display, idx in by_kb.items():
+            kb = self.kbs[display]
+            queries = [Query(text=items[i][1].sub_question, image=next(iter(items[i][0].q.images), None)) for i in idx]
+            try:
+                results = kb.retriever.search(queries, min(self.config.top_k, kb.k) if kb.k else self.config.top_k)
+            except Exception as e:  # a failing KB ends these trajectories, not the whole batch
+                logger.exception("search failed on KB %s", kb.name)
+                for i in idx:
+                    items[i][0].stop_reason, items[i][0].error = "backend_error", f"{kb.name}: {e}"
+                    items[i][0].planning = False
+                continue
+            for i, r in zip(idx, results):
+                out[i] = r
+        return out
+
+    def _finish(self, states: list[_State], on_event: EventCallback | None) -> list[Trajectory]:
+        cfg = self.config
+        live = [s for s in states if s.stop_reason != "backend_error"]
+        t0 = time.perf_counter()
+        finals = self._generate(
+            live,
+            [final_messages(s.q.question, s.history, s.q.images, cfg.few_shot) for s in live],
+            lambda text: parse_answer(text, require_think=cfg.require_think),
+            cfg.sampling(cfg.final_tokens, ("</answer>",), salt=99),
+        )
+        final_s = time.perf_counter() - t0
+        by_id = {id(s): f for s, f in zip(live, finals)}
+        out = []
+        for s in states:
+            parsed, raw = by_id.get(id(s), (None, []))
+            think, answer = "", ""
+            if parsed is not None:
+                assert isinstance(parsed, AnswerParse)
+                think = parsed.think or ""
+                answer = parsed.answer if parsed.ok else (parsed.answer or strip_tags(raw[-1]) or parsed.think or "")
+                if not parsed.ok and s.stop_reason != "backend_error":
+                    s.stop_reason = "format_error"
+            meta = {**s.q.metadata, "model": self.policy.name, "prompt_tokens": s.prompt_tokens,
+                    "completion_tokens": s.completion_tokens, "final_s": final_s,
+                    "final_errors": list(parsed.errors) if parsed is not None else []}
+            if s.error:
+                meta["error"] = s.error
+            traj = Trajectory(
+                id=s.q.id, question=s.q.question, images=s.q.images, steps=tuple(s.steps), final_think=think,
+                final_answer=answer, final_raw=tuple(raw), stop_reason=s.stop_reason, gold=s.q.answers, metadata=meta,
+            )
+            self._emit(on_event, s.q.id, "final", {"answer": answer, "stop_reason": s.stop_reason})
+            out.append(traj)
+        return out
+
+    def run(
+        self,
+        questions: Sequence[Question],
+        batch_size: int = 32,
+        on_event: EventCallback | None = None,
+        on_trajectory: Callable[[Trajectory], None] | None = None,
+    ) -> list[Trajectory]:
+        """Answer questions in lockstep batches of `batch_size`; `on_trajectory` sees each finished one."""
+        out = []
+        for start in range(0, len(questions), batch_size):
+            for t in self.run_batch(questions[start : start + batch_size], on_event):
+                if on_trajectory is not None:
+                    on_trajectory(t)
+                out.append(t)
+        return out
+
+    def run_sequential(self, questions: Sequence[Question], on_event: EventCallback | None = None) -> list[Trajectory]:
+        """One question at a time (interactive use; the throughput baseline)."""
+        return [self.run_batch([q], on_event)[0] for q in questions]
+
+
+def with_metadata(traj: Trajectory, **extra: object) -> Trajectory:
+    return replace(traj, metadata={**traj.metadata, **extra})

@@ -1,0 +1,158 @@
+"""Prompt builders for the three step types: plan, intermediate answer, final answer.
+
+Each returns chat messages (system + user). A user turn with images carries a list of content parts
+(`{"type": "image", "image": path}` then `{"type": "text", "text": ...}`), which chat VLMs and the
+OpenAI-compatible backend understand; text-only turns are plain strings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from retrievers.types import Hit
+
+Message = dict  # {"role": str, "content": str | list[dict]}
+
+PLAN_SYSTEM = """You answer questions step by step, looking things up in knowledge bases when you need to.
+At each step, decide whether what you already know is enough to answer the original question.
+If it is not, ask ONE simple sub-question and choose ONE knowledge base to search for it.
+If it is, write None as the sub-question and None as the knowledge base.
+
+Knowledge bases you can search:
+{kb_list}
+
+Reply in exactly this format:
+<think>your reasoning about what is known and what is missing</think>
+<sub-question>one atomic question, or None</sub-question>
+<ret>the name of one knowledge base from the list, or None</ret>"""
+
+ANSWER_SYSTEM = """You answer a question using the evidence retrieved for it.
+Read the evidence, reason briefly, then give a short answer (a name, number, date, yes/no or short phrase).
+Reply in exactly this format:
+<think>your reasoning over the evidence</think>
+<answer>the short answer</answer>"""
+
+FINAL_SYSTEM = """You give the final answer to a question, using the sub-questions already answered.
+Reason briefly over them, then give a short answer (a name, number, date, yes/no or short phrase).
+Reply in exactly this format:
+<think>your reasoning</think>
+<answer>the short final answer</answer>"""
+
+FORMAT_REMINDER = (
+    "Your last reply did not follow the format ({errors}). Reply again, using only the tags asked for."
+)
+
+
+def kb_list(kbs: Sequence[tuple[str, str]]) -> str:
+    """Render `(display_name, description)` pairs as the list shown to the policy."""
+    return "\n".join(f"- {name}: {desc}" if desc else f"- {name}" for name, desc in kbs)
+
+
+def history_lines(history: Sequence[tuple[str, str]]) -> str:
+    return "".join(f"Sub-question {i}: {q}\nAnswer {i}: {a}\n" for i, (q, a) in enumerate(history, 1))
+
+
+def render_hits(hits: Sequence[Hit], max_chars: int = 1200) -> str:
+    """Numbered evidence lines tagged by KB (`text-0: …`); a table keeps its rows, indented under its line."""
+    lines = []
+    for i, hit in enumerate(hits):
+        text = hit.doc.text if len(hit.doc.text) <= max_chars else hit.doc.text[:max_chars] + " …"
+        if hit.doc.modality == "table":
+            body = "\n    ".join(line for line in text.splitlines() if line.strip())
+        else:
+            body = " ".join(text.split())
+            if hit.doc.title and not body.startswith(hit.doc.title):
+                body = f"{hit.doc.title}: {body}"
+        if hit.doc.media is not None and hit.doc.media.start is not None:
+            body += f" [{hit.doc.media.start:.1f}s–{hit.doc.media.end:.1f}s]"
+        lines.append(f"{hit.kb}-{i}: {body}")
+    return "\n".join(lines) if lines else "(no evidence found)"
+
+
+def _user(text: str, images: Sequence[str]) -> Message:
+    if not images:
+        return {"role": "user", "content": text}
+    return {"role": "user", "content": [*({"type": "image", "image": p} for p in images), {"type": "text", "text": text}]}
+
+
+def _plan_user(question: str, history: Sequence[tuple[str, str]]) -> str:
+    return f"Original question: {question}\n{history_lines(history)}What is the next step?"
+
+
+def plan_examples(kbs: Sequence[tuple[str, str]]) -> list[Message]:
+    """A worked two-hop example as chat turns: small models follow the tags far more often with it."""
+    kb = kbs[0][0] if kbs else "None"
+    q = "In which country was the director of the film Jaws born?"
+    turns = [
+        ([], "I need to know who directed Jaws first.", "Who directed the film Jaws?", kb),
+        ([("Who directed the film Jaws?", "Steven Spielberg")], "Now I need where Steven Spielberg was born.",
+         "In which country was Steven Spielberg born?", kb),
+        ([("Who directed the film Jaws?", "Steven Spielberg"),
+          ("In which country was Steven Spielberg born?", "United States")],
+         "I know enough to answer the original question.", "None", "None"),
+    ]
+    out: list[Message] = []
+    for history, think, sub_q, ret in turns:
+        out.append({"role": "user", "content": _plan_user(q, history)})
+        out.append({"role": "assistant", "content": f"<think>{think}</think>\n<sub-question>{sub_q}</sub-question>\n<ret>{ret}</ret>"})
+    return out
+
+
+def plan_messages(
+    question: str,
+    history: Sequence[tuple[str, str]],
+    kbs: Sequence[tuple[str, str]],
+    images: Sequence[str] = (),
+    few_shot: bool = False,
+) -> list[Message]:
+    """Messages for a plan step: the original question, the answered sub-questions so far, the KB list."""
+    system = {"role": "system", "content": PLAN_SYSTEM.format(kb_list=kb_list(kbs))}
+    shots = plan_examples(kbs) if few_shot else []
+    return [system, *shots, _user(_plan_user(question, history), images)]
+
+
+ANSWER_EXAMPLE: list[Message] = [
+    {"role": "user", "content": "Evidence:\ntext-0: Jaws (film): Jaws is a 1975 American thriller film directed by Steven "
+     "Spielberg.\n\nQuestion: Who directed the film Jaws?"},
+    {"role": "assistant", "content": "<think>The evidence says Jaws was directed by Steven Spielberg.</think>\n"
+     "<answer>Steven Spielberg</answer>"},
+]
+
+FINAL_EXAMPLE: list[Message] = [
+    {"role": "user", "content": "Original question: In which country was the director of the film Jaws born?\n"
+     "Sub-question 1: Who directed the film Jaws?\nAnswer 1: Steven Spielberg\n"
+     "Sub-question 2: In which country was Steven Spielberg born?\nAnswer 2: United States\n"
+     "Now give the final answer to the original question: In which country was the director of the film Jaws born?"},
+    {"role": "assistant", "content": "<think>Jaws was directed by Steven Spielberg, who was born in the United States."
+     "</think>\n<answer>United States</answer>"},
+]
+
+
+def answer_messages(
+    sub_question: str,
+    hits: Sequence[Hit],
+    images: Sequence[str] = (),
+    few_shot: bool = False,
+) -> list[Message]:
+    """Messages for an intermediate-answer step: only the sub-question and its evidence (and the question image)."""
+    user = f"Evidence:\n{render_hits(hits)}\n\nQuestion: {sub_question}"
+    shots = ANSWER_EXAMPLE if few_shot else []
+    return [{"role": "system", "content": ANSWER_SYSTEM}, *shots, _user(user, images)]
+
+
+def final_messages(
+    question: str,
+    history: Sequence[tuple[str, str]],
+    images: Sequence[str] = (),
+    few_shot: bool = False,
+) -> list[Message]:
+    """Messages for the final step: the original question and the whole history."""
+    user = f"Original question: {question}\n{history_lines(history)}Now give the final answer to the original question: {question}"
+    shots = FINAL_EXAMPLE if few_shot else []
+    return [{"role": "system", "content": FINAL_SYSTEM}, *shots, _user(user, images)]
+
+
+def with_format_reminder(messages: list[Message], bad_output: str, errors: Sequence[str]) -> list[Message]:
+    """Append the malformed reply and a short correction request, for a bounded re-ask."""
+    reminder = FORMAT_REMINDER.format(errors=", ".join(errors))
+    return [*messages, {"role": "assistant", "content": bad_output}, {"role": "user", "content": reminder}]
