@@ -1,0 +1,67 @@
+"""One config block selects the policy backend: `backend: transformers | vl | openai | vllm`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+from agent.backends.base import Policy
+
+BACKENDS = ("transformers", "vl", "openai", "vllm")
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """Which model answers, and through what."""
+
+    backend: str = field(default="transformers", metadata={"help": f"one of {BACKENDS}"})
+    model: str = field(default="smollm2", metadata={"help": "hub name, local folder, or `smollm2` (packaged)"})
+    gguf_file: str | None = None
+    dtype: str = "float32"
+    device: str | None = None
+    max_batch_size: int = 16
+    base_url: str | None = field(default=None, metadata={"help": "openai backend: e.g. http://127.0.0.1:8000/v1"})
+    api_key: str | None = None
+    concurrency: int = 8
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.85
+    max_model_len: int = 8192
+    max_images: int = 4
+    min_pixels: int = 64 * 28 * 28
+    max_pixels: int = 512 * 28 * 28
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"policy.backend {self.backend!r} is unknown; valid: {list(BACKENDS)}")
+        if self.backend == "openai" and not self.base_url:
+            raise ValueError("policy.backend 'openai' needs policy.base_url, e.g. http://127.0.0.1:8000/v1")
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str = "policy") -> PolicyConfig:
+        valid = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - valid)
+        if unknown:
+            raise ValueError(f"{where}: unknown key(s) {unknown}; valid keys: {sorted(valid)}")
+        return cls(**d)
+
+
+def make_policy(cfg: PolicyConfig) -> Policy:
+    """Load the policy a config names (heavy imports happen here, not at import time)."""
+    if cfg.backend == "transformers":
+        from agent.backends.hf import TransformersPolicy
+
+        return TransformersPolicy(cfg.model, gguf_file=cfg.gguf_file, dtype=cfg.dtype, device=cfg.device,
+                                  max_batch_size=cfg.max_batch_size)
+    if cfg.backend == "vl":
+        from agent.backends.hf_vl import VisionLanguagePolicy
+
+        return VisionLanguagePolicy(cfg.model, dtype=cfg.dtype, device=cfg.device, max_batch_size=cfg.max_batch_size,
+                                    max_images=cfg.max_images, min_pixels=cfg.min_pixels, max_pixels=cfg.max_pixels)
+    if cfg.backend == "openai":
+        from agent.backends.openai_compat import OpenAICompatiblePolicy
+
+        return OpenAICompatiblePolicy(cfg.base_url or "", cfg.model, api_key=cfg.api_key, concurrency=cfg.concurrency)
+    from agent.backends.vllm_engine import VLLMPolicy
+
+    return VLLMPolicy(cfg.model, tensor_parallel_size=cfg.tensor_parallel_size,
+                      gpu_memory_utilization=cfg.gpu_memory_utilization, max_model_len=cfg.max_model_len,
+                      dtype="auto" if cfg.dtype == "float32" else cfg.dtype)

@@ -1,0 +1,126 @@
+"""OpenAI-compatible chat-completions backend: vLLM and SGLang servers, `kbrouter serve`, hosted APIs."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from agent.backends.base import BackendError, Completion, Message, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+def to_openai_messages(messages: list[Message]) -> list[dict]:
+    """Images referenced by path become `image_url` parts holding data URLs (servers cannot read our disk)."""
+    out = []
+    for m in messages:
+        content = m["content"]
+        if isinstance(content, list):
+            parts = []
+            for p in content:
+                if p.get("type") == "image":
+                    parts.append({"type": "image_url", "image_url": {"url": image_data_url(p["image"])}})
+                else:
+                    parts.append({"type": "text", "text": p["text"]})
+            content = parts
+        out.append({"role": m["role"], "content": content})
+    return out
+
+
+def image_data_url(path: str) -> str:
+    """`data:image/...;base64,...` for an image file."""
+    import base64
+    import mimetypes
+
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"image {path} does not exist")
+    mime = mimetypes.guess_type(p.name)[0] or "image/jpeg"
+    return f"data:{mime};base64,{base64.b64encode(p.read_bytes()).decode()}"
+
+
+class OpenAICompatiblePolicy:
+    """Sends each conversation as one `/v1/chat/completions` request, `concurrency` at a time.
+
+    A request that fails is retried `retries` times with exponential back-off; after that its completion comes back
+    with `finish_reason="error"` (the loop records `backend_error` for that trajectory only).
+
+    Args:
+        base_url: e.g. `http://127.0.0.1:8000/v1`.
+        model: the model name the server expects.
+        api_key: bearer token; defaults to `$OPENAI_API_KEY` or "EMPTY".
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key: str | None = None,
+        concurrency: int = 8,
+        timeout: float = 120.0,
+        retries: int = 3,
+        backoff: float = 0.5,
+    ) -> None:
+        import httpx
+
+        self.name = model
+        self.model = model
+        self.url = base_url.rstrip("/") + "/chat/completions"
+        key = api_key or os.environ.get("OPENAI_API_KEY", "EMPTY")
+        self._client = httpx.Client(timeout=timeout, headers={"Authorization": f"Bearer {key}"})
+        self.concurrency, self.retries, self.backoff = concurrency, retries, backoff
+
+    def _one(self, messages: list[Message], params: SamplingParams) -> Completion:
+        body: dict = {
+            "model": self.model,
+            "messages": to_openai_messages(messages),
+            "max_tokens": params.max_new_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+        }
+        if params.stop:
+            body["stop"] = list(params.stop)
+        if params.seed is not None:
+            body["seed"] = params.seed
+        if params.top_k:
+            body["top_k"] = params.top_k  # vLLM/SGLang extension
+        error = ""
+        for attempt in range(self.retries + 1):
+            try:
+                r = self._client.post(self.url, json=body)
+                if r.status_code < 500 and r.status_code != 429:
+                    r.raise_for_status()
+                    return self._completion(r.json(), params)
+                error = f"HTTP {r.status_code}: {r.text[:200]}"
+            except Exception as e:  # connection refused, timeout, HTTP 4xx, malformed JSON
+                error = f"{type(e).__name__}: {e}"
+                if "HTTPStatusError" in error:  # a 4xx will not get better by retrying
+                    break
+            if attempt < self.retries:
+                time.sleep(self.backoff * 2**attempt)
+        logger.warning("request to %s failed after %d tries: %s", self.url, self.retries + 1, error)
+        return Completion(text="", finish_reason="error", metadata={"error": f"{self.url}: {error}"})
+
+    @staticmethod
+    def _completion(data: dict, params: SamplingParams) -> Completion:
+        choice = data["choices"][0]
+        text = choice["message"].get("content") or ""
+        # Servers drop the stop string; put the closing tag back so the parser sees a complete step.
+        if choice.get("finish_reason") == "stop" and len(params.stop) == 1 and not text.rstrip().endswith(params.stop[0]):
+            text = text + params.stop[0]
+        usage = data.get("usage") or {}
+        return Completion(
+            text=text,
+            prompt_tokens=int(usage.get("prompt_tokens", 0)),
+            completion_tokens=int(usage.get("completion_tokens", 0)),
+            finish_reason=choice.get("finish_reason") or "stop",
+        )
+
+    def generate(self, conversations: list[list[Message]], params: SamplingParams) -> list[Completion]:
+        if not conversations:
+            return []
+        with ThreadPoolExecutor(max_workers=min(self.concurrency, len(conversations))) as pool:
+            return list(pool.map(lambda c: self._one(c, params), conversations))

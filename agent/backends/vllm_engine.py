@@ -1,0 +1,65 @@
+"""vLLM offline engine backend (GPU; `pip install 'kbrouter[vllm]'`): the fast path for eval, synthesis, rollouts."""
+
+from __future__ import annotations
+
+from agent.backends.base import Completion, Message, SamplingParams
+
+
+class VLLMPolicy:
+    """Batched chat generation with `vllm.LLM.chat`; images are passed as `image_url` parts by the chat template.
+
+    Args:
+        model: hub name or local folder.
+        tensor_parallel_size: GPUs per model replica.
+        gpu_memory_utilization: fraction of GPU memory vLLM may take.
+        max_model_len: context length; keep it above prompt + completion of the longest step.
+        limit_mm_per_prompt: e.g. {"image": 4} for a VLM.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        tensor_parallel_size: int = 1,
+        gpu_memory_utilization: float = 0.85,
+        max_model_len: int = 8192,
+        limit_mm_per_prompt: dict | None = None,
+        dtype: str = "auto",
+    ) -> None:
+        try:
+            import vllm
+        except ImportError as e:
+            raise ImportError("the vLLM backend needs vllm and a GPU: pip install 'kbrouter[vllm]'") from e
+        kwargs = {"limit_mm_per_prompt": limit_mm_per_prompt} if limit_mm_per_prompt else {}
+        self.name = model
+        self._vllm = vllm
+        self.llm = vllm.LLM(
+            model=model,
+            tensor_parallel_size=tensor_parallel_size,
+            gpu_memory_utilization=gpu_memory_utilization,
+            max_model_len=max_model_len,
+            dtype=dtype,
+            **kwargs,
+        )
+
+    def generate(self, conversations: list[list[Message]], params: SamplingParams) -> list[Completion]:
+        from agent.backends.openai_compat import to_openai_messages
+
+        sp = self._vllm.SamplingParams(
+            max_tokens=params.max_new_tokens,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k if params.top_k else -1,
+            seed=params.seed,
+            stop=list(params.stop) or None,
+            include_stop_str_in_output=True,  # keep closing tags for the parser
+        )
+        outputs = self.llm.chat([to_openai_messages(c) for c in conversations], sp, use_tqdm=False)
+        return [
+            Completion(
+                text=o.outputs[0].text,
+                prompt_tokens=len(o.prompt_token_ids or []),
+                completion_tokens=len(o.outputs[0].token_ids),
+                finish_reason=o.outputs[0].finish_reason or "stop",
+            )
+            for o in outputs
+        ]

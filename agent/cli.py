@@ -1,0 +1,179 @@
+"""`kbrouter demo | ask | run`: answer questions step by step over configured knowledge bases.
+
+CPU: `kbrouter demo` (SmolLM2-135M-Instruct over the embedded demo KB). GPU: pass `--backend vllm --model
+Qwen/Qwen2.5-VL-7B-Instruct`, or point `--backend openai --base-url http://HOST:PORT/v1` at a vLLM/SGLang server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from dataclasses import fields
+from pathlib import Path
+
+from agent.backends.factory import PolicyConfig
+from agent.loop import AgentConfig
+
+REPO = Path(__file__).resolve().parent.parent
+DEMO_KB = REPO / "configs" / "kb" / "demo.yaml"
+DEMO_QUESTIONS = REPO / "data" / "demo" / "questions.jsonl"
+
+
+def add_common_args(ap: argparse.ArgumentParser, kb_default: str | None = None) -> None:
+    ap.add_argument("--kb", default=kb_default, help="KB YAML file (configs/kb/*.yaml)")
+    ap.add_argument("--config", help="YAML with `policy:` and `agent:` sections; flags override it")
+    ap.add_argument("--backend", choices=["transformers", "vl", "openai", "vllm"], help="policy backend")
+    ap.add_argument("--model", help="model name/path, or `smollm2` (the packaged SmolLM2-135M-Instruct)")
+    ap.add_argument("--base-url", help="openai backend: server URL, e.g. http://127.0.0.1:8000/v1")
+    ap.add_argument("--max-steps", type=int, help="retrieval steps before the final answer (default 3)")
+    ap.add_argument("--top-k", type=int, help="hits per retrieval (default 5)")
+    ap.add_argument("--temperature", type=float, help="0 = greedy (default)")
+    ap.add_argument("--seed", type=int)
+    ap.add_argument("--no-few-shot", action="store_true", help="drop the worked example from the prompts")
+    ap.add_argument("-v", "--verbose", action="store_true")
+
+
+def _checked(d: dict, cls: type, where: str) -> dict:
+    valid = {f.name for f in fields(cls)}
+    unknown = sorted(set(d) - valid)
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown}; valid keys: {sorted(valid)}")
+    return d
+
+
+def resolve_configs(args: argparse.Namespace) -> tuple[PolicyConfig, AgentConfig, str]:
+    """YAML (optional) + flags → (policy config, agent config, KB file)."""
+    import yaml
+
+    raw: dict = {}
+    if args.config:
+        path = Path(args.config)
+        if not path.exists():
+            raise FileNotFoundError(f"config file {path} does not exist")
+        raw = yaml.safe_load(path.read_text()) or {}
+        unknown = sorted(set(raw) - {"policy", "agent", "kb"})
+        if unknown:
+            raise ValueError(f"{path}: unknown top-level key(s) {unknown}; valid: ['agent', 'kb', 'policy']")
+        if raw.get("kb"):
+            raw["kb"] = str((path.parent / raw["kb"]).resolve()) if not Path(raw["kb"]).is_absolute() else raw["kb"]
+    pol = _checked(dict(raw.get("policy") or {}), PolicyConfig, f"{args.config}: policy")
+    agent = _checked(dict(raw.get("agent") or {}), AgentConfig, f"{args.config}: agent")
+    for flag, key in (("backend", "backend"), ("model", "model"), ("base_url", "base_url")):
+        if getattr(args, flag) is not None:
+            pol[key] = getattr(args, flag)
+    for flag, key in (("max_steps", "max_steps"), ("top_k", "top_k"), ("temperature", "temperature"), ("seed", "seed")):
+        if getattr(args, flag) is not None:
+            agent[key] = getattr(args, flag)
+    if args.no_few_shot:
+        agent["few_shot"] = False
+    kb = args.kb or raw.get("kb")
+    if not kb:
+        raise ValueError("no knowledge bases given: pass --kb configs/kb/NAME.yaml (or `kb:` in --config)")
+    return PolicyConfig(**pol), AgentConfig(**agent), kb
+
+
+def _setup(args: argparse.Namespace):  # noqa: ANN202
+    from agent.backends.factory import make_policy
+    from agent.kbs import load_knowledge_bases
+    from agent.loop import StepAgent
+
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    pol_cfg, agent_cfg, kb_file = resolve_configs(args)
+    kbs = load_knowledge_bases(kb_file)
+    policy = make_policy(pol_cfg)
+    return StepAgent(policy, kbs, agent_cfg), pol_cfg, agent_cfg, kb_file
+
+
+def ask_main(argv: list[str] | None = None) -> int:
+    """Ask one question and watch the steps stream by."""
+    from rich.console import Console
+
+    from agent.display import StepPrinter
+    from agent.io import question_from_row
+
+    ap = argparse.ArgumentParser(prog="kbrouter ask", description="Ask one question; each step is shown as it happens.")
+    ap.add_argument("question", help="the question")
+    ap.add_argument("--image", help="path of an image that goes with the question (needs a VL policy: --backend vl)")
+    ap.add_argument("--out", help="append the trajectory to this JSONL file")
+    add_common_args(ap, kb_default=str(DEMO_KB))
+    args = ap.parse_args(argv)
+    q = question_from_row({"id": "ask", "question": args.question, **({"image": args.image} if args.image else {})},
+                          where="question")
+    agent, *_ = _setup(args)
+    console = Console()
+    console.print(f"[bold]question:[/bold] {q.question}")
+    traj = agent.run_batch([q], on_event=StepPrinter(console))[0]
+    if args.out:
+        from agent.io import JsonlWriter
+
+        with JsonlWriter(args.out) as w:
+            w.write(traj.to_dict())
+    return 0
+
+
+def run_main(argv: list[str] | None = None) -> int:
+    """Run a question file in lockstep batches; trajectories stream to JSONL one finished record at a time."""
+    from rich.progress import Progress
+
+    from agent.io import JsonlWriter, iter_jsonl, read_questions
+
+    ap = argparse.ArgumentParser(prog="kbrouter run", description=run_main.__doc__)
+    ap.add_argument("--questions", required=True, help="JSONL: id, question, optional image/answers")
+    ap.add_argument("--out", required=True, help="trajectories JSONL (appended; finished ids are skipped on rerun)")
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--limit", type=int, help="only the first N questions")
+    add_common_args(ap)
+    args = ap.parse_args(argv)
+    questions = read_questions(args.questions)[: args.limit]
+    done = {r["id"] for r in iter_jsonl(args.out)} if Path(args.out).exists() else set()
+    todo = [q for q in questions if q.id not in done]
+    agent, *_ = _setup(args)
+    t0 = time.perf_counter()
+    with JsonlWriter(args.out) as w, Progress() as progress:
+        task = progress.add_task("questions", total=len(todo))
+
+        def write(t) -> None:  # noqa: ANN001
+            w.write(t.to_dict())
+            progress.advance(task)
+
+        trajs = agent.run(todo, batch_size=args.batch_size, on_trajectory=write)
+    stops: dict[str, int] = {}
+    for t in trajs:
+        stops[t.stop_reason] = stops.get(t.stop_reason, 0) + 1
+    dt = time.perf_counter() - t0
+    print(f"wrote {len(trajs)} trajectories to {args.out} ({len(done)} already there) in {dt:.1f} s; stop reasons {stops}")
+    return 0
+
+
+def demo_main(argv: list[str] | None = None) -> int:
+    """Build the embedded demo KB (cached), answer the demo questions with SmolLM2, show every step."""
+    from rich.console import Console
+
+    from agent.display import print_trajectory
+    from agent.io import read_questions, write_trajectories
+
+    ap = argparse.ArgumentParser(prog="kbrouter demo", description=demo_main.__doc__)
+    ap.add_argument("--out", default="outputs/demo/trajectories.jsonl", help="where the trajectories go")
+    ap.add_argument("--questions", default=str(DEMO_QUESTIONS))
+    ap.add_argument("--limit", type=int, default=None)
+    add_common_args(ap, kb_default=str(DEMO_KB))
+    args = ap.parse_args(argv)
+    console = Console()
+    console.print("[bold]kbrouter demo[/bold]: building/loading the demo KBs (cached after the first run) …")
+    agent, pol_cfg, agent_cfg, kb_file = _setup(args)
+    questions = read_questions(args.questions)[: args.limit]
+    console.print(f"KBs: {', '.join(agent.kbs)} | policy: {pol_cfg.model} ({pol_cfg.backend}) | "
+                  f"{len(questions)} questions, n = {agent_cfg.max_steps}, k = {agent_cfg.top_k}; answering in one "
+                  "lockstep batch …")
+    t0 = time.perf_counter()
+    trajs = agent.run_batch(questions)
+    dt = time.perf_counter() - t0
+    for t in trajs:
+        print_trajectory(t, console)
+    write_trajectories(args.out, trajs)  # appends
+    summary = {r: sum(t.stop_reason == r for t in trajs) for r in {t.stop_reason for t in trajs}}
+    console.print(f"\n[bold]wrote {len(trajs)} trajectories to {args.out}[/bold] in {dt:.1f} s; stop reasons "
+                  f"{json.dumps(summary)}")
+    return 0

@@ -1,0 +1,60 @@
+"""Step-by-step display of trajectories in the terminal (rich)."""
+
+from __future__ import annotations
+
+from agent.types import Trajectory
+
+
+def _short(text: str, n: int = 160) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+class StepPrinter:
+    """An `on_event` callback that prints each step as it happens (interactive mode)."""
+
+    def __init__(self, console=None, hits_shown: int = 3) -> None:  # noqa: ANN001 (rich Console)
+        from rich.console import Console
+
+        self.console = console or Console()
+        self.hits_shown = hits_shown
+
+    def __call__(self, qid: str, event: str, payload: dict) -> None:
+        c = self.console
+        if event == "plan":
+            step = payload["step"] + 1
+            if payload["errors"]:
+                c.print(f"[red]step {step} plan: format error {payload['errors']}[/red]")
+                return
+            c.print(f"[bold cyan]step {step}[/bold cyan] [dim]think:[/dim] {_short(payload['think'] or '')}")
+            if payload["sub_question"] is None:
+                c.print("  [green]enough to answer: no more retrieval[/green]")
+            else:
+                c.print(f"  [bold]sub-question:[/bold] {payload['sub_question']}  [magenta]→ {payload['kb']}[/magenta]")
+        elif event == "evidence":
+            for i, h in enumerate(payload["hits"][: self.hits_shown]):
+                c.print(f"    [dim]{h.kb}-{i} ({h.score:.3f}):[/dim] {_short(h.doc.title + ': ' + h.doc.text, 140)}")
+        elif event == "answer":
+            err = f" [red]{payload['errors']}[/red]" if payload["errors"] else ""
+            c.print(f"  [bold]intermediate answer:[/bold] {payload['answer']}{err}")
+        elif event == "final":
+            c.print(f"[bold green]final answer:[/bold green] {payload['answer']}  [dim]({payload['stop_reason']})[/dim]")
+
+
+def print_trajectory(traj: Trajectory, console=None) -> None:  # noqa: ANN001
+    """Replay a finished trajectory through the same step display."""
+    from rich.console import Console
+    from rich.rule import Rule
+
+    console = console or Console()
+    printer = StepPrinter(console)
+    console.print(Rule(f"[bold]{traj.id}[/bold]: {traj.question}"))
+    for s in traj.steps:
+        printer(traj.id, "plan", {"step": s.index, "think": s.think, "sub_question": s.sub_question, "kb": s.kb,
+                                  "errors": list(s.format_errors) if s.sub_question is None else []})
+        if s.sub_question is not None:
+            printer(traj.id, "evidence", {"hits": list(s.hits)})
+            printer(traj.id, "answer", {"answer": s.answer, "errors": list(s.format_errors)})
+    printer(traj.id, "final", {"answer": traj.final_answer, "stop_reason": traj.stop_reason})
+    if traj.gold:
+        console.print(f"[dim]gold: {list(traj.gold)}[/dim]")

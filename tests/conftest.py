@@ -1,0 +1,50 @@
+"""Test-wide settings: offline, quiet, a throwaway kbrouter cache unless one is given."""
+
+import os
+
+for key, value in {
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "TRL_EXPERIMENTAL_SILENCE": "1",
+}.items():
+    os.environ.setdefault(key, value)
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def pytest_collection_modifyitems(config, items):
+    try:
+        import torch
+
+        has_gpu = torch.cuda.is_available()
+    except ImportError:
+        has_gpu = False
+    if has_gpu:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (none on this machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """The shared real data folder (../shared/data); tests that need it skip when it is absent."""
+    if not SHARED.exists():
+        pytest.skip(f"shared data not found at {SHARED}")
+    return SHARED
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> str:
+    """SmolLM2-135M-Instruct as a cached safetensors folder (converted from the packaged GGUF once)."""
+    from agent.backends.models import smollm2_path
+
+    return smollm2_path()
