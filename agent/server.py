@@ -4,7 +4,6 @@ Concurrent requests with the same sampling settings are gathered for a few milli
 batch, so many clients (synthesis workers, eval shards) share one model efficiently.
 """
 
-from __future__ import annotations
 
 import argparse
 import asyncio
@@ -114,7 +113,8 @@ def create_app(policy: Policy, model_name: str | None = None):  # noqa: ANN201 (
                 raise ValueError("only n=1 is supported; send several requests instead")
             stop = body.get("stop") or ()
             params = SamplingParams(
-                max_new_tokens=int(body.get("max_tokens") or body.get("max_completion_tokens") or 256),
+                max_new_tokens=int(next((body[k] for k in ("max_tokens", "max_completion_tokens")
+                                         if body.get(k) is not None), 256)),
                 temperature=float(body.get("temperature", 1.0)),
                 top_p=float(body.get("top_p", 1.0)),
                 top_k=int(body.get("top_k", 0) or 0),
