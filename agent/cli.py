@@ -151,7 +151,7 @@ def demo_main(argv: list[str] | None = None) -> int:
     """Build the embedded demo KB (cached), answer the demo questions with SmolLM2, show every step."""
     from rich.console import Console
 
-    from agent.display import print_trajectory
+    from agent.display import StepPrinter, print_summary
     from agent.io import read_questions, write_trajectories
 
     ap = argparse.ArgumentParser(prog="kbrouter demo", description=demo_main.__doc__)
@@ -166,12 +166,11 @@ def demo_main(argv: list[str] | None = None) -> int:
     questions = read_questions(args.questions)[: args.limit]
     console.print(f"KBs: {', '.join(agent.kbs)} | policy: {pol_cfg.model} ({pol_cfg.backend}) | "
                   f"{len(questions)} questions, n = {agent_cfg.max_steps}, k = {agent_cfg.top_k}; answering in one "
-                  "lockstep batch …")
+                  "lockstep batch; each step is shown as the batch reaches it …")
     t0 = time.perf_counter()
-    trajs = agent.run_batch(questions)
+    trajs = agent.run_batch(questions, on_event=StepPrinter(console, show_id=True))
     dt = time.perf_counter() - t0
-    for t in trajs:
-        print_trajectory(t, console)
+    print_summary(trajs, console)
     write_trajectories(args.out, trajs)  # appends
     summary = {r: sum(t.stop_reason == r for t in trajs) for r in {t.stop_reason for t in trajs}}
     console.print(f"\n[bold]wrote {len(trajs)} trajectories to {args.out}[/bold] in {dt:.1f} s; stop reasons "

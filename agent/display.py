@@ -13,14 +13,17 @@ def _short(text: str, n: int = 160) -> str:
 class StepPrinter:
     """An `on_event` callback that prints each step as it happens (interactive mode)."""
 
-    def __init__(self, console=None, hits_shown: int = 3) -> None:  # noqa: ANN001 (rich Console)
+    def __init__(self, console=None, hits_shown: int = 3, show_id: bool = False) -> None:  # noqa: ANN001
         from rich.console import Console
 
         self.console = console or Console()
         self.hits_shown = hits_shown
+        self.show_id = show_id  # prefix lines with the question id when a batch's steps interleave
 
     def __call__(self, qid: str, event: str, payload: dict) -> None:
         c = self.console
+        if self.show_id:
+            c.print(f"[bold blue]\\[{qid}][/bold blue]", end=" ")
         if event == "plan":
             step = payload["step"] + 1
             if payload["errors"]:
@@ -58,3 +61,18 @@ def print_trajectory(traj: Trajectory, console=None) -> None:  # noqa: ANN001
     printer(traj.id, "final", {"answer": traj.final_answer, "stop_reason": traj.stop_reason})
     if traj.gold:
         console.print(f"[dim]gold: {list(traj.gold)}[/dim]")
+
+
+def print_summary(trajectories: list[Trajectory], console=None) -> None:  # noqa: ANN001
+    """One row per trajectory: final answer, gold, steps, KBs used, stop reason."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="trajectories")
+    for col in ("id", "final answer", "gold", "steps", "KBs", "stop"):
+        table.add_column(col)
+    for t in trajectories:
+        kbs = " → ".join(s.kb for s in t.steps if s.kb) or "-"
+        table.add_row(t.id, _short(t.final_answer, 40), _short(", ".join(t.gold or ()), 30), str(len(t.steps)), kbs,
+                      t.stop_reason)
+    (console or Console()).print(table)

@@ -39,7 +39,7 @@ def load_knowledge_bases(kb_file: str, only: list[str] | None = None, build: boo
         only: optional KB names to keep.
         build: build missing or stale indexes first (a no-op when they are up to date).
     """
-    from retrievers.build import build_kb, load_kb
+    from retrievers.kb import build_kb, load_kb
     from retrievers.config import load_kb_configs
 
     configs = load_kb_configs(kb_file)
@@ -51,12 +51,12 @@ def load_knowledge_bases(kb_file: str, only: list[str] | None = None, build: boo
     kbs = {}
     for cfg in configs:
         if build:
-            build_kb(cfg)
+            build_kb(cfg, progress=False)
         kbs[cfg.display_name] = KnowledgeBase(
             name=cfg.name,
             display_name=cfg.display_name,
             retriever=load_kb(cfg),
             k=cfg.k,
-            description=describe(cfg.kind, cfg.granularity, cfg.options or {}),
+            description=cfg.description or describe(cfg.kind, cfg.granularity, cfg.options or {}),
         )
     return kbs

@@ -1,0 +1,230 @@
+"""Transformers backend for chat vision-language models (Qwen2.5-VL and other `AutoProcessor` chat VLMs).
+
+Conversations use the same messages as every backend; a user turn with images carries content parts
+`{"type": "image", "image": PATH}` (see `agent.prompts`). Images stay paths in trajectories and step records and
+are loaded here with PIL, under a pixel budget:
+
+- `max_images` per conversation: the first ones are kept (the question image comes first in every step, evidence
+  images after it), the rest are dropped and counted in `Completion.metadata["images_dropped"]`;
+- every image is scaled (aspect kept) so width * height lies in [`min_pixels`, `max_pixels`] before the processor
+  sees it, so a multi-step context stays within the model's context whatever the photo size.
+
+Evidence pixels (retrieved images, frames sampled from retrieved clips) enter a conversation through
+`add_evidence_images(messages, hits, ...)`, which appends image parts to the last user turn within the same budget.
+
+Example (CPU, tiny random model; GPU: `VisionLanguagePolicy("Qwen/Qwen2.5-VL-7B-Instruct", dtype="bfloat16")`)::
+
+    from agent.backends.tiny_vl import build_tiny_qwen2_5_vl
+    policy = VisionLanguagePolicy(build_tiny_qwen2_5_vl("/tmp/tiny-qwen-vl"))
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from agent.backends.base import Completion, Message, SamplingParams
+from agent.backends.hf import truncate_at_stop
+from agent.backends.models import resolve_model
+from retrievers.media import MediaError, fit_pixels, load_image
+from retrievers.types import Hit
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MIN_PIXELS = 28 * 28 * 4  # Qwen2.5-VL: 28x28 pixels per visual token after the 2x2 merge
+DEFAULT_MAX_PIXELS = 28 * 28 * 256  # <= 256 visual tokens per image keeps a 3-step context small
+
+
+def _budget(messages: list[Message], max_images: int) -> tuple[list[Message], list[str], int]:
+    """Keep the first `max_images` image parts; returns (messages, kept paths, number dropped)."""
+    kept: list[str] = []
+    dropped = 0
+    out = []
+    for m in messages:
+        content = m["content"]
+        if not isinstance(content, list):
+            out.append(m)
+            continue
+        parts = []
+        for part in content:
+            if part.get("type") == "image" or "image" in part:
+                if len(kept) >= max_images:
+                    dropped += 1
+                    continue
+                kept.append(str(part["image"]))
+                parts.append({"type": "image", "image": str(part["image"])})
+            else:
+                parts.append(part)
+        out.append({**m, "content": parts})
+    return out, kept, dropped
+
+
+def evidence_image_paths(hits: Sequence[Hit], max_images: int, frame_dir: str | os.PathLike | None = None) -> list[str]:
+    """Image paths for the pixels behind hits: the image of an image hit, a middle frame of a clip or video hit.
+
+    Frames are written once as JPEGs under `frame_dir` (default `$KBROUTER_CACHE/frames`) so they can be
+    referenced by path like any other image. Unreadable media are skipped with a warning.
+    """
+    from agent.backends.models import cache_dir
+    from retrievers.media import frames_at, probe_video
+
+    out: list[str] = []
+    folder = Path(frame_dir) if frame_dir else cache_dir() / "frames"
+    for hit in hits:
+        if len(out) >= max_images:
+            break
+        media = hit.doc.media
+        if media is None:
+            continue
+        if hit.doc.modality == "image":
+            out.append(media.path)
+            continue
+        try:
+            start = media.start or 0.0
+            end = media.end if media.end is not None else probe_video(media.path).duration
+            t = (start + end) / 2
+            target = folder / f"{Path(media.path).stem}_{t:09.3f}.jpg"
+            if not target.exists():
+                folder.mkdir(parents=True, exist_ok=True)
+                frame = frames_at(media.path, [t])[0]
+                tmp = target.with_suffix(f".tmp{os.getpid()}.jpg")
+                frame.save(tmp, quality=90)
+                tmp.replace(target)
+            out.append(str(target))
+        except (MediaError, OSError) as e:
+            logger.warning("no evidence frame for %s: %s", hit.doc.id, e)
+    return out
+
+
+def add_evidence_images(messages: list[Message], hits: Sequence[Hit], max_images: int = 2) -> list[Message]:
+    """Append evidence image parts (before the text) to the last user turn; other turns are unchanged."""
+    paths = evidence_image_paths(hits, max_images)
+    if not paths:
+        return messages
+    last = messages[-1]
+    content = last["content"] if isinstance(last["content"], list) else [{"type": "text", "text": last["content"]}]
+    images = [p for p in content if p.get("type") == "image"]
+    rest = [p for p in content if p.get("type") != "image"]
+    new = {**last, "content": [*images, *({"type": "image", "image": p} for p in paths), *rest]}
+    return [*messages[:-1], new]
+
+
+class VisionLanguagePolicy:
+    """Batched generation with a chat VLM through `AutoProcessor` and `AutoModelForImageTextToText`.
+
+    Args:
+        model: a local folder or hub name (e.g. `Qwen/Qwen2.5-VL-7B-Instruct`, or a folder written by
+            `agent.backends.tiny_vl.build_tiny_qwen2_5_vl`).
+        dtype: `float32` (CPU), `bfloat16`/`float16` (GPU) or `auto`.
+        device: `cpu`, `cuda`, ...; default picks CUDA when available.
+        max_batch_size: conversations per `generate` call; larger batches are split.
+        max_images: images per conversation (question image first, then evidence).
+        min_pixels: lower bound on width * height of every image.
+        max_pixels: upper bound on width * height of every image.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        dtype: str = "float32",
+        device: str | None = None,
+        max_batch_size: int = 8,
+        max_images: int = 4,
+        min_pixels: int = DEFAULT_MIN_PIXELS,
+        max_pixels: int = DEFAULT_MAX_PIXELS,
+    ) -> None:
+        import torch
+        from transformers import AutoModelForImageTextToText, AutoProcessor
+
+        if max_images < 0:
+            raise ValueError(f"max_images must be >= 0, got {max_images}")
+        if not 0 < min_pixels <= max_pixels:
+            raise ValueError(f"need 0 < min_pixels <= max_pixels, got {min_pixels} and {max_pixels}")
+        path = resolve_model(model)
+        self.name = Path(path).name if Path(path).exists() else path
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.processor = AutoProcessor.from_pretrained(path)
+        self.tokenizer = self.processor.tokenizer
+        self.tokenizer.padding_side = "left"  # decoder-only batching pads on the left
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        torch_dtype = dtype if dtype == "auto" else getattr(torch, dtype)
+        self.model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch_dtype).to(self.device)
+        self.model.eval()
+        self.max_batch_size = max_batch_size
+        self.max_images = max_images
+        self.min_pixels = min_pixels
+        self.max_pixels = max_pixels
+
+    def render(self, conversation: list[Message]) -> tuple[str, list[str], int]:
+        """The prompt string for one conversation, the image paths it uses (in order), and how many were dropped."""
+        messages, paths, dropped = _budget(conversation, self.max_images)
+        text = self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return text, paths, dropped
+
+    def _load(self, path: str):
+        return fit_pixels(load_image(path), self.min_pixels, self.max_pixels)
+
+    def generate(self, conversations: list[list[Message]], params: SamplingParams) -> list[Completion]:
+        """One completion per conversation; an unreadable image fails only its own item (`finish_reason='error'`)."""
+        out: list[Completion | None] = [None] * len(conversations)
+        ready: list[tuple[int, str, list, int]] = []
+        for i, conv in enumerate(conversations):
+            text, paths, dropped = self.render(conv)
+            try:
+                images = [self._load(p) for p in paths]
+            except (FileNotFoundError, MediaError) as e:
+                out[i] = Completion(text="", finish_reason="error", metadata={"error": str(e)})
+                continue
+            ready.append((i, text, images, dropped))
+        # Sorting by length keeps padding small inside each chunk; results go back in input order.
+        ready.sort(key=lambda r: len(r[1]) + 1000 * len(r[2]))
+        for start in range(0, len(ready), self.max_batch_size):
+            chunk = ready[start : start + self.max_batch_size]
+            for (i, _, images, dropped), c in zip(chunk, self._generate_chunk(chunk, params)):
+                c.metadata.update(images=len(images), images_dropped=dropped)
+                out[i] = c
+        return out  # type: ignore[return-value]
+
+    def _generate_chunk(self, chunk: list[tuple[int, str, list, int]], params: SamplingParams) -> list[Completion]:
+        import torch
+
+        texts = [text for _, text, _, _ in chunk]
+        images = [im for _, _, ims, _ in chunk for im in ims]
+        enc = self.processor(
+            text=texts, images=images or None, padding=True, return_tensors="pt", add_special_tokens=False
+        ).to(self.device)
+        sample = params.temperature > 0
+        gen_kwargs: dict = {
+            "max_new_tokens": params.max_new_tokens,
+            "do_sample": sample,
+            "pad_token_id": self.tokenizer.pad_token_id,
+        }
+        if sample:
+            gen_kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k or None)
+        else:
+            gen_kwargs.update(temperature=None, top_p=None, top_k=None)
+        if params.stop:
+            gen_kwargs.update(stop_strings=list(params.stop), tokenizer=self.tokenizer)
+        if params.seed is not None:
+            torch.manual_seed(params.seed)
+        with torch.inference_mode():
+            output = self.model.generate(**enc, **gen_kwargs)
+        new = output[:, enc["input_ids"].shape[1] :]
+        completions = []
+        for row, mask in zip(new, enc["attention_mask"]):
+            n_tokens = int((row != self.tokenizer.pad_token_id).sum())
+            text = self.tokenizer.decode(row, skip_special_tokens=True)
+            finish = "length" if n_tokens >= params.max_new_tokens else "stop"
+            completions.append(
+                Completion(
+                    text=truncate_at_stop(text, params.stop),
+                    prompt_tokens=int(mask.sum()),
+                    completion_tokens=n_tokens,
+                    finish_reason=finish,
+                    metadata={},
+                )
+            )
+        return completions
