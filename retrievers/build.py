@@ -1,0 +1,62 @@
+"""Build the indexes of the knowledge bases declared in a KB YAML file (`kbrouter index`).
+
+Usage (CPU is fine; dense encoding uses a GPU when one is visible):
+
+    python -m retrievers.build --kb configs/kb/demo.yaml
+    python -m retrievers.build --kb configs/kb/shared_text.yaml --only hotpot_wiki --force
+
+An index that is up to date (same encoder, settings and corpus bytes) is reused, not rebuilt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+
+from retrievers.config import load_kb_configs
+from retrievers.kb import build_kb_status
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Build (or reuse) KB indexes and print a summary table; returns the exit code."""
+    parser = argparse.ArgumentParser(prog="kbrouter index", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--kb", required=True, help="KB YAML file (knowledge_bases: [...])")
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="build only these KBs (by name)")
+    parser.add_argument("--force", action="store_true", help="rebuild even when the index is up to date")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars, warnings only")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(levelname)s %(message)s")
+
+    configs = load_kb_configs(args.kb)
+    if args.only:
+        unknown = sorted(set(args.only) - {c.name for c in configs})
+        if unknown:
+            parser.error(f"--only: unknown KB name(s) {unknown}; {args.kb} declares {[c.name for c in configs]}")
+        configs = [c for c in configs if c.name in args.only]
+
+    rows = []
+    for cfg in configs:
+        start = time.perf_counter()
+        index_dir, manifest, reused = build_kb_status(cfg, force=args.force, progress=not args.quiet)
+        status = "reused (up to date)" if reused else "built"
+        rows.append(
+            (
+                cfg.name,
+                str(manifest["doc_count"]),
+                str(manifest["dim"] or "-"),
+                f"{time.perf_counter() - start:.1f}",
+                status,
+                str(index_dir),
+            )
+        )
+
+    header = ("KB", "docs", "dim", "seconds", "status", "index dir")
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())  # noqa: T201 (CLI output)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

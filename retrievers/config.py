@@ -1,0 +1,187 @@
+"""Knowledge-base configuration: one `KBConfig` per KB, read from YAML by `load_kb_configs`.
+
+A KB file looks like::
+
+    knowledge_bases:
+      - name: text
+        display_name: Text Retriever
+        kind: text
+        corpus: ../../data/demo/passages.jsonl
+
+Relative paths resolve against the YAML file's directory. Loading a config has no side effects: nothing is
+created, downloaded or encoded; `retrievers.kb.build_kb` does the work.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import yaml
+
+from retrievers.types import GRANULARITIES
+
+SEARCH_MODES = ("dense", "bm25", "hybrid")
+INDEX_TYPES = ("flat", "hnsw", "ivf")
+ENCODER_BACKENDS = ("sentence-transformers", "flagembedding")
+FIX_INDEX = "kbrouter index --kb {file} --force"
+
+
+def default_cache_dir() -> Path:
+    """Return `$KBROUTER_CACHE` or `~/.cache/kbrouter`."""
+    return Path(os.environ.get("KBROUTER_CACHE") or Path.home() / ".cache" / "kbrouter").expanduser()
+
+
+def _resolve(path: str | os.PathLike, base: Path | None) -> Path:
+    p = Path(os.path.expandvars(str(path))).expanduser()
+    if base is not None and not p.is_absolute():
+        p = base / p
+    return p
+
+
+@dataclass
+class KBConfig:
+    """One knowledge base: what it holds, how it is embedded and indexed, and where the index lives.
+
+    Kind-specific defaults (`granularity`, `search`) are resolved from `retrievers.kb.KB_KINDS`.
+    """
+
+    name: str = field(metadata={"help": "Identifier used in code, in `Hit.kb` and in `Doc.kb`."})
+    kind: str = field(metadata={"help": "KB kind, a key of `retrievers.kb.KB_KINDS` (e.g. `text`, `table`)."})
+    corpus: str | Path = field(metadata={"help": "Corpus file or folder (JSONL passages, table folder/JSONL)."})
+    display_name: str = field(default="", metadata={"help": "What the policy writes in `<ret>`; default: name."})
+    description: str = field(default="", metadata={"help": "One line for the policy's system prompt."})
+    granularity: str | None = field(default=None, metadata={"help": "paragraph|document|table|...; kind default."})
+    encoder: str = field(default="minilm", metadata={"help": "`minilm`, a sentence-transformers name, or a path."})
+    encoder_backend: str = field(
+        default="sentence-transformers", metadata={"help": "sentence-transformers|flagembedding"}
+    )
+    device: str | None = field(default=None, metadata={"help": "Encoder device (cpu, cuda); None lets it choose."})
+    batch_size: int = field(default=64, metadata={"help": "Encoder batch size."})
+    search: str | None = field(default=None, metadata={"help": "dense|bm25|hybrid; kind default (hybrid for text)."})
+    index: str = field(default="flat", metadata={"help": "FAISS index: flat (exact) | hnsw | ivf."})
+    hnsw_m: int = field(default=32, metadata={"help": "HNSW graph degree (build time)."})
+    hnsw_ef_construction: int = field(default=40, metadata={"help": "HNSW efConstruction (build time)."})
+    hnsw_ef_search: int = field(default=64, metadata={"help": "HNSW efSearch (query time, no rebuild needed)."})
+    ivf_nlist: int = field(default=1024, metadata={"help": "IVF lists (build time; capped by corpus size)."})
+    nprobe: int = field(default=16, metadata={"help": "IVF lists probed per query (query time)."})
+    mmap: bool = field(default=False, metadata={"help": "Memory-map the FAISS index on load."})
+    rrf_k: int = field(default=60, metadata={"help": "Reciprocal-rank-fusion constant for hybrid search."})
+    fusion_depth: int = field(default=50, metadata={"help": "Candidates taken from each ranker before fusion."})
+    index_dir: str | Path | None = field(default=None, metadata={"help": "Default $KBROUTER_CACHE/indexes/<name>."})
+    k: int = field(default=5, metadata={"help": "Default number of hits."})
+    chunk_words: int = field(default=100, metadata={"help": "Max words per passage (text) or row chunk (table)."})
+    options: dict = field(
+        default_factory=dict,
+        metadata={"help": "Kind-specific settings (see the kind module); keys ending in `_file` are paths."},
+    )
+    source_file: str = field(default="", compare=False, metadata={"help": "YAML file it came from (set by loader)."})
+
+    def __post_init__(self) -> None:
+        from retrievers.kb import KB_KINDS  # the kinds registry imports this module
+
+        if not self.name or not isinstance(self.name, str):
+            raise ValueError(f"`name` must be a non-empty string, got {self.name!r}")
+        if self.kind not in KB_KINDS:
+            raise ValueError(
+                f"KB {self.name!r}: unknown `kind` {self.kind!r}; valid kinds: {', '.join(sorted(KB_KINDS))}"
+            )
+        spec = KB_KINDS[self.kind]
+        self.display_name = self.display_name or self.name
+        self.granularity = self.granularity or spec.granularities[0]
+        if self.granularity not in spec.granularities:
+            raise ValueError(
+                f"KB {self.name!r}: `granularity` {self.granularity!r} is not valid for kind {self.kind!r}; "
+                f"use one of {', '.join(spec.granularities)}"
+            )
+        assert self.granularity in GRANULARITIES, self.granularity
+        self.search = self.search or spec.default_search
+        for key, value, valid in (
+            ("search", self.search, SEARCH_MODES),
+            ("index", self.index, INDEX_TYPES),
+            ("encoder_backend", self.encoder_backend, ENCODER_BACKENDS),
+        ):
+            if value not in valid:
+                raise ValueError(f"KB {self.name!r}: `{key}` is {value!r}; use one of {', '.join(valid)}")
+        for key in ("k", "chunk_words", "batch_size", "hnsw_m", "ivf_nlist", "nprobe", "rrf_k", "fusion_depth"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"KB {self.name!r}: `{key}` must be a positive integer, got {value!r}")
+        if not isinstance(self.options, dict):
+            raise ValueError(f"KB {self.name!r}: `options` must be a mapping, got {type(self.options).__name__}")
+        self.corpus = Path(self.corpus)
+        if not self.corpus.exists():
+            raise FileNotFoundError(
+                f"KB {self.name!r}: `corpus` {str(self.corpus)!r} does not exist; fix the path "
+                "(relative paths resolve against the YAML file's directory)"
+            )
+        self.index_dir = Path(self.index_dir) if self.index_dir else default_cache_dir() / "indexes" / self.name
+
+    @property
+    def fix_command(self) -> str:
+        """The command that rebuilds this KB's index."""
+        return FIX_INDEX.format(file=self.source_file or "<your KB yaml>")
+
+
+KB_KEYS = tuple(f.name for f in fields(KBConfig) if f.name != "source_file")
+
+
+def load_kb_configs(path: str | os.PathLike) -> list[KBConfig]:
+    """Read `knowledge_bases: [...]` from a YAML file into validated `KBConfig`s.
+
+    Args:
+        path: YAML file.
+
+    Returns:
+        The configs, in file order.
+
+    Raises:
+        FileNotFoundError: the YAML file or a KB's corpus is missing.
+        ValueError: malformed YAML, an unknown key or kind, a duplicate name or an invalid value.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"KB config file {str(path)!r} does not exist")
+    with path.open() as f:
+        data = yaml.safe_load(f) or {}
+    if not isinstance(data, dict) or not isinstance(data.get("knowledge_bases"), list):
+        raise ValueError(f"{path}: expected a top-level `knowledge_bases:` list of KB mappings")
+    unknown_top = set(data) - {"knowledge_bases"}
+    if unknown_top:
+        raise ValueError(f"{path}: unknown top-level key(s) {sorted(unknown_top)}; only `knowledge_bases` is read")
+    base = path.resolve().parent
+    configs: list[KBConfig] = []
+    for i, entry in enumerate(data["knowledge_bases"]):
+        where = f"{path}: knowledge_bases[{i}]"
+        if not isinstance(entry, dict):
+            raise ValueError(f"{where}: expected a mapping of KB settings, got {type(entry).__name__}")
+        where += f" ({entry.get('name', '?')})"
+        unknown = sorted(set(entry) - set(KB_KEYS))
+        if unknown:
+            raise ValueError(f"{where}: unknown key(s) {unknown}; valid keys: {', '.join(KB_KEYS)}")
+        missing = [k for k in ("name", "kind", "corpus") if k not in entry]
+        if missing:
+            raise ValueError(f"{where}: missing required key(s) {missing}")
+        entry = dict(entry)
+        entry["corpus"] = _resolve(entry["corpus"], base)
+        if entry.get("index_dir"):
+            entry["index_dir"] = _resolve(entry["index_dir"], base)
+        if isinstance(entry.get("options"), dict):  # option keys ending in `_file` are paths, like `corpus`
+            entry["options"] = {
+                k: str(_resolve(v, base)) if k.endswith("_file") and isinstance(v, str) else v
+                for k, v in entry["options"].items()
+            }
+        try:
+            cfg = KBConfig(**entry, source_file=str(path))
+        except (ValueError, FileNotFoundError) as e:
+            raise type(e)(f"{where}: {e}") from e
+        if any(c.name == cfg.name for c in configs):
+            raise ValueError(f"{where}: duplicate KB `name` {cfg.name!r}; every KB needs a unique name")
+        if any(c.display_name.lower() == cfg.display_name.lower() for c in configs):
+            raise ValueError(
+                f"{where}: duplicate `display_name` {cfg.display_name!r} (compared case-insensitively); the policy "
+                "names KBs by display name, so each KB needs its own"
+            )
+        configs.append(cfg)
+    return configs
