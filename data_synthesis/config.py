@@ -1,0 +1,234 @@
+"""The `kbrouter synth` recipe: one `SynthConfig` dataclass, read from YAML, overridden by `--key value` flags.
+
+A recipe looks like::
+
+    inputs:
+      - {path: ../../../shared/data/text/questions.jsonl, format: shared_text, limit: 24}
+    kb_config: ../kb/demo.yaml
+    teacher: {backend: transformers, model: smollm2}
+    m: 2
+    temperature: 0.7
+    max_steps: 2
+    output_dir: runs/synth/smollm2_cpu
+
+Paths inside the YAML (`inputs[].path`, `inputs[].image_root`, `kb_config`) resolve against the YAML file's folder,
+as in KB files; `output_dir` and every path given as a flag resolve against the working directory. Nested keys are
+overridden with dots: `--teacher.model /models/qwen --rejection.require_no_format_errors true`. Loading has no side
+effects (nothing is created or loaded).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from agent.backends.factory import BACKENDS, PolicyConfig
+
+INPUT_FORMATS = ("generic", "shared_text", "r1router", "tabfact", "coco")
+EXPORT_FORMATS = ("parquet", "disk", "none")
+
+
+def _check_keys(cls: type, values: dict, where: str) -> None:
+    valid = sorted(f.name for f in dataclasses.fields(cls) if f.init)
+    for key in values:
+        if key not in valid:
+            close = difflib.get_close_matches(key, valid, n=3)
+            hint = f"; did you mean {close}?" if close else f"; valid keys: {valid}"
+            raise ValueError(f"unknown key {key!r} in {where}{hint}")
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """One QA file (JSONL, JSON or parquet, read with `datasets`) and how to read it."""
+
+    path: str = field(metadata={"help": "file, or a folder for `tabfact` (../shared/data/table/tabfact)"})
+    format: str = field(default="generic", metadata={"help": f"one of {INPUT_FORMATS}"})
+    dataset: str = field(default="", metadata={"help": "name used in ids and summaries; default: from the rows/file"})
+    columns: dict = field(default_factory=dict, metadata={"help": "generic: {id, question, answers, image} -> column"})
+    image_root: str = field(default="", metadata={"help": "folder of the images (r1router/coco); empty = text only"})
+    image_pattern: str = field(default="{image_id}.jpg", metadata={"help": "r1router image file name under image_root"})
+    limit: int | None = field(default=None, metadata={"help": "first N rows only"})
+
+    def __post_init__(self) -> None:
+        if self.format not in INPUT_FORMATS:
+            raise ValueError(f"input {self.path!r}: unknown format {self.format!r}; use one of {INPUT_FORMATS}")
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"input {self.path!r}: `limit` must be >= 1 or null, got {self.limit}")
+
+
+@dataclass(frozen=True)
+class TeacherSpec:
+    """The teacher policy: an `agent.backends.factory.PolicyConfig` (backend, model, ...) plus retry settings."""
+
+    backend: str = field(default="transformers", metadata={"help": f"one of {BACKENDS}"})
+    model: str = field(default="smollm2", metadata={"help": "local folder, hub name, `smollm2`, or served model name"})
+    dtype: str = "float32"
+    device: str | None = None
+    max_batch_size: int = field(default=16, metadata={"help": "conversations per generate call"})
+    kwargs: dict = field(default_factory=dict, metadata={"help": "other PolicyConfig keys: base_url, "
+                                                                  "tensor_parallel_size, max_model_len, ..."})
+    retries: int = field(default=3, metadata={"help": "retries of a failed request before `backend_error`"})
+    backoff_s: float = field(default=2.0, metadata={"help": "first back-off; doubles on each retry"})
+
+    def __post_init__(self) -> None:
+        if self.retries < 0 or self.backoff_s < 0:
+            raise ValueError("teacher.retries and teacher.backoff_s must be >= 0; e.g. `retries: 3, backoff_s: 2`")
+        self.policy_config()  # validates backend and kwargs now, before anything loads
+
+    def policy_config(self) -> PolicyConfig:
+        """The backend settings as `agent.backends.factory.PolicyConfig`."""
+        return PolicyConfig.from_dict({"backend": self.backend, "model": self.model, "dtype": self.dtype,
+                                       "device": self.device, "max_batch_size": self.max_batch_size, **self.kwargs},
+                                      where="teacher")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RejectionSpec:
+    """Rules beyond the always-on one (final answer F1-recall = 1 against the best gold)."""
+
+    require_no_format_errors: bool = field(default=False, metadata={"help": "reject any format error, even re-asked"})
+    require_evidence_overlap: bool = field(default=False, metadata={"help": "intermediate answers must overlap hits"})
+    min_evidence_overlap: float = field(default=0.5, metadata={"help": "share of answer tokens found in evidence"})
+    max_steps: int | None = field(default=None, metadata={"help": "at most this many retrieval steps"})
+
+    def __post_init__(self) -> None:
+        if not 0 < self.min_evidence_overlap <= 1:
+            raise ValueError(f"rejection.min_evidence_overlap must be in (0, 1], got {self.min_evidence_overlap}")
+        if self.max_steps is not None and self.max_steps < 0:
+            raise ValueError(f"rejection.max_steps must be >= 0 or null, got {self.max_steps}")
+
+
+@dataclass
+class SynthConfig:
+    """Everything a synthesis job needs; see the module docstring for the YAML shape."""
+
+    inputs: list = field(default_factory=list, metadata={"help": "list of InputSpec mappings"})
+    kb_config: str | list = field(default="", metadata={"help": "KB YAML file(s) (configs/kb/*.yaml)"})
+    kbs: list | None = field(default=None, metadata={"help": "KB names to keep from kb_config; default all"})
+    build_kbs: bool = field(default=True, metadata={"help": "build missing/stale indexes before starting"})
+    teacher: TeacherSpec | dict = field(default_factory=TeacherSpec)
+    rejection: RejectionSpec | dict = field(default_factory=RejectionSpec)
+    m: int = field(default=4, metadata={"help": "sampled trajectories per question"})
+    temperature: float = field(default=0.7, metadata={"help": "> 0, or the m samples are identical"})
+    top_p: float = 1.0
+    top_k: int = 0
+    max_steps: int = field(default=3, metadata={"help": "retrieval steps before the final answer (paper: 3)"})
+    top_k_hits: int = field(default=5, metadata={"help": "hits shown per retrieval"})
+    plan_tokens: int = 256
+    answer_tokens: int = 256
+    final_tokens: int = 256
+    max_retries: int = field(default=1, metadata={"help": "format re-asks per step"})
+    require_think: bool = True
+    few_shot: bool = True
+    seed: int = field(default=0, metadata={"help": "base seed; each batch's seed derives from it and its first id"})
+    questions_per_batch: int = field(default=8, metadata={"help": "questions per lockstep batch (x m trajectories)"})
+    output_dir: str = field(default="runs/synth", metadata={"help": "output folder (shards go under shards/)"})
+    shard: int = field(default=0, metadata={"help": "this job's shard, 0-based"})
+    num_shards: int = field(default=1, metadata={"help": "shards the questions are split into (by id hash)"})
+    export_format: str = field(default="parquet", metadata={"help": f"one of {EXPORT_FORMATS}"})
+    progress: bool = field(default=True, metadata={"help": "progress bar with rate and ETA"})
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        inputs = []
+        for i, spec in enumerate(self.inputs or []):
+            if isinstance(spec, dict):
+                _check_keys(InputSpec, spec, f"inputs[{i}]")
+                spec = InputSpec(**spec)
+            inputs.append(spec)
+        self.inputs = inputs
+        if isinstance(self.teacher, dict):
+            _check_keys(TeacherSpec, self.teacher, "teacher")
+            self.teacher = TeacherSpec(**self.teacher)
+        if isinstance(self.rejection, dict):
+            _check_keys(RejectionSpec, self.rejection, "rejection")
+            self.rejection = RejectionSpec(**self.rejection)
+        if self.m < 1:
+            raise ValueError(f"`m` ({self.m}) must be >= 1 samples per question; e.g. `m: 4`")
+        if self.m > 1 and self.temperature <= 0:
+            raise ValueError(f"`m` is {self.m} but temperature is {self.temperature}: greedy samples are identical; "
+                             "set e.g. `temperature: 0.7`")  # fmt: skip
+        if self.max_steps < 0 or self.questions_per_batch < 1:
+            raise ValueError("`max_steps` must be >= 0 and `questions_per_batch` >= 1")
+        if not 0 <= self.shard < self.num_shards:
+            raise ValueError(f"--shard {self.shard} is out of range for --num-shards {self.num_shards}; "
+                             f"use 0..{self.num_shards - 1}")  # fmt: skip
+        if self.export_format not in EXPORT_FORMATS:
+            raise ValueError(f"unknown export_format {self.export_format!r}; use one of {EXPORT_FORMATS}")
+
+    def result_hash(self) -> str:
+        """Hash of every setting that changes which records a batch produces (not shard, output or logging)."""
+        skip = {"shard", "output_dir", "progress", "log_level", "build_kbs"}
+        d = {k: v for k, v in dataclasses.asdict(self).items() if k not in skip}
+        d["teacher"] = {k: v for k, v in d["teacher"].items() if k not in ("retries", "backoff_s", "max_batch_size")}
+        return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _parse_overrides(overrides: list[str]) -> dict:
+    """`--key value` / `--key=value` pairs to a dict; values are YAML scalars (`true`, `3`, `[a, b]`)."""
+    out: dict = {}
+    i = 0
+    while i < len(overrides):
+        arg = overrides[i]
+        if not arg.startswith("--"):
+            raise ValueError(f"unexpected argument {arg!r}; overrides look like `--key value`")
+        if "=" in arg:
+            key, raw = arg[2:].split("=", 1)
+            i += 1
+        else:
+            if i + 1 >= len(overrides):
+                raise ValueError(f"override {arg!r} needs a value")
+            key, raw = arg[2:], overrides[i + 1]
+            i += 2
+        out[key.replace("-", "_")] = yaml.safe_load(raw)
+    return out
+
+
+def _resolve(value: str, base: Path) -> str:
+    p = Path(value).expanduser()
+    return str(p if p.is_absolute() else (base / p).resolve())
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> SynthConfig:
+    """Build a `SynthConfig` from a YAML recipe and `--key value` overrides (dots reach nested keys).
+
+    Raises:
+        FileNotFoundError: the recipe does not exist.
+        ValueError: an unknown key (named, with the closest valid keys) or an invalid value.
+    """
+    values: dict = {}
+    if path is not None:
+        path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(f"synth recipe not found: {path}")
+        values = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(values, dict):
+            raise ValueError(f"{path}: a recipe is a mapping of keys to values")
+        base = path.resolve().parent
+        for spec in values.get("inputs") or []:
+            for key in ("path", "image_root"):
+                if isinstance(spec, dict) and spec.get(key):
+                    spec[key] = _resolve(spec[key], base)
+        kb = values.get("kb_config")
+        if kb:
+            values["kb_config"] = _resolve(kb, base) if isinstance(kb, str) else [_resolve(k, base) for k in kb]
+    for key, value in _parse_overrides(overrides or []).items():
+        head, _, rest = key.partition(".")
+        if rest:
+            if head not in ("teacher", "rejection"):
+                raise ValueError(f"override --{key}: only `teacher.*` and `rejection.*` take dotted keys")
+            values.setdefault(head, {})
+            values[head] = {**values[head], rest: value}
+        else:
+            values[key] = value
+    _check_keys(SynthConfig, values, str(path or "overrides"))
+    return SynthConfig(**values)

@@ -1,0 +1,266 @@
+"""The synthesis job: teacher trajectories through the step loop, judged, written, resumable (DESIGN §6).
+
+Work plan, deterministic from the inputs and the recipe:
+
+1. Read the inputs (`data_synthesis.inputs`); rows without gold, with a missing image, ... are skipped and counted.
+2. Shard by id: question `q` belongs to shard `sha1(q.id) % num_shards`, whatever the file order or machine.
+3. Cut the shard's questions, in input order, into batches of `questions_per_batch`; each batch runs all `m`
+   samples of its questions in one lockstep `StepAgent.run_batch` (sample `k` of question `q` is the trajectory
+   `q#k`). Every sample of a question is in the same batch, so duplicates are dropped within the batch.
+4. Seeds: batch `b` runs with `AgentConfig(seed=batch_seed(cfg.seed, first id of b))`. Its composition is fixed by
+   rule 3, so a recomputed batch sees the same seeds and rows: outputs depend on (question ids, sample index, base
+   seed) and not on when the job was (re)started. With a seeded backend (transformers with a fixed batch split,
+   vLLM) a resumed run reproduces an uninterrupted one.
+
+Crash safety (resume at batch granularity): the records of a batch are appended to `trajectories.jsonl`,
+`rejected.jsonl` and `steps.jsonl` and fsync'd, then one line is appended (and fsync'd) to `progress.jsonl` naming
+the batch and the byte size of each output file. That line is the commit. On restart, a torn last line of
+`progress.jsonl` is dropped and each output file is truncated to the sizes of the last committed line, which removes
+both half-written lines and whole records of an uncommitted batch; committed batches are skipped, the rest recomputed.
+`manifest.json` pins the recipe's hash, so resuming into a folder made by another recipe is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from agent.backends.base import Policy
+from agent.kbs import KnowledgeBase
+from agent.loop import AgentConfig, Question, StepAgent
+from data_synthesis.config import SynthConfig
+from data_synthesis.inputs import Skip, read_inputs
+from data_synthesis.rejection import judge_group
+
+logger = logging.getLogger(__name__)
+
+OUTPUTS = ("trajectories.jsonl", "rejected.jsonl", "steps.jsonl")
+PROGRESS, MANIFEST, SKIPPED = "progress.jsonl", "manifest.json", "skipped.jsonl"
+
+
+def shard_of(question_id: str, num_shards: int) -> int:
+    """The shard a question belongs to: a stable hash of its id (same on every machine and Python run)."""
+    return int(hashlib.sha1(question_id.encode()).hexdigest()[:12], 16) % num_shards
+
+
+def batch_seed(base_seed: int, first_id: str) -> int:
+    """The sampling seed of a batch, from the base seed and its first question id (sample 0)."""
+    return int(hashlib.sha1(f"{base_seed}:{first_id}#0".encode()).hexdigest()[:8], 16) % (2**31 - 1)
+
+
+def shard_dir(cfg: SynthConfig) -> Path:
+    """Where this job writes: `output_dir` itself, or `output_dir/shards/IIIII-of-NNNNN` when sharded."""
+    out = Path(cfg.output_dir)
+    return out if cfg.num_shards == 1 else out / "shards" / f"{cfg.shard:05d}-of-{cfg.num_shards:05d}"
+
+
+def plan_batches(questions: Sequence[Question], questions_per_batch: int) -> list[list[Question]]:
+    return [list(questions[i : i + questions_per_batch]) for i in range(0, len(questions), questions_per_batch)]
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Write a whole file under a temporary name, fsync, rename."""
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    with tmp.open("w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)
+
+
+def read_progress(folder: Path) -> list[dict]:
+    """Committed batch lines of `progress.jsonl`; a torn last line (a crash mid-commit) is dropped from disk too."""
+    path = folder / PROGRESS
+    if not path.exists():
+        return []
+    data = path.read_bytes()
+    keep = data.rfind(b"\n") + 1
+    if keep != len(data):
+        logger.warning("%s: dropping a torn last line (%d bytes)", path, len(data) - keep)
+        with path.open("r+b") as f:
+            f.truncate(keep)
+    return [json.loads(line) for line in data[:keep].decode("utf-8").splitlines() if line.strip()]
+
+
+def restore(folder: Path) -> list[dict]:
+    """Roll the outputs back to the last commit; returns the committed progress lines."""
+    progress = read_progress(folder)
+    sizes = progress[-1]["sizes"] if progress else {}
+    for name in OUTPUTS:
+        path = folder / name
+        size = int(sizes.get(name, 0))
+        if path.exists() and path.stat().st_size != size:
+            if path.stat().st_size < size:
+                raise RuntimeError(f"{path} is shorter ({path.stat().st_size} bytes) than its last commit ({size}); "
+                                   "the output folder was modified outside the job; start a new output_dir")  # fmt: skip
+            logger.info("%s: dropping %d uncommitted bytes", path, path.stat().st_size - size)
+            with path.open("r+b") as f:
+                f.truncate(size)
+    return progress
+
+
+def _append(path: Path, lines: list[str]) -> int:
+    with path.open("ab") as f:
+        if lines:
+            f.write("".join(lines).encode("utf-8"))
+        f.flush()
+        os.fsync(f.fileno())
+        return f.tell()
+
+
+def _dumps(record: dict) -> str:
+    return json.dumps(record, ensure_ascii=False) + "\n"
+
+
+def load_kbs(cfg: SynthConfig) -> dict[str, KnowledgeBase]:
+    """The KBs of `cfg.kb_config` (built first when `build_kbs`), keyed by display name."""
+    from agent.kbs import describe
+    from retrievers.config import load_kb_configs
+    from retrievers.kb import build_kb, load_kb
+
+    files = [cfg.kb_config] if isinstance(cfg.kb_config, str) else list(cfg.kb_config)
+    if not any(files):
+        raise ValueError("`kb_config` is empty; set e.g. `kb_config: ../kb/demo.yaml` in the recipe")
+    configs = [c for f in files for c in load_kb_configs(f)]
+    if cfg.kbs:
+        unknown = set(cfg.kbs) - {c.name for c in configs}
+        if unknown:
+            raise ValueError(f"unknown KB name(s) {sorted(unknown)} in `kbs`; {cfg.kb_config} has "
+                             f"{[c.name for c in configs]}")  # fmt: skip
+        configs = [c for c in configs if c.name in cfg.kbs]
+    for key in ("name", "display_name"):
+        values = [getattr(c, key) for c in configs]
+        if len(set(values)) != len(values):
+            raise ValueError(f"KB {key}s repeat across {files}: {values}; keep one KB per {key} (see `kbs`)")
+    kbs = {}
+    for c in configs:
+        if cfg.build_kbs:
+            build_kb(c, progress=False)
+        kbs[c.display_name] = KnowledgeBase(c.name, c.display_name, load_kb(c), c.k,
+                                            c.description or describe(c.kind, c.granularity, c.options or {}))
+    return kbs
+
+
+def agent_config(cfg: SynthConfig, seed: int) -> AgentConfig:
+    return AgentConfig(
+        max_steps=cfg.max_steps, top_k=cfg.top_k_hits, max_retries=cfg.max_retries, plan_tokens=cfg.plan_tokens,
+        answer_tokens=cfg.answer_tokens, final_tokens=cfg.final_tokens, temperature=cfg.temperature,
+        top_p=cfg.top_p, top_k_sampling=cfg.top_k, seed=seed, require_think=cfg.require_think,
+        few_shot=cfg.few_shot,
+    )  # fmt: skip
+
+
+def expand(batch: Sequence[Question], m: int) -> list[Question]:
+    """The `m` samples of each question as separate agent questions `id#k`, keeping the source id in metadata."""
+    return [replace(q, id=f"{q.id}#{k}", metadata={**q.metadata, "sample": k}) for q in batch for k in range(m)]
+
+
+def prepare(cfg: SynthConfig) -> tuple[list[Question], list[Skip]]:
+    """This shard's questions (input order) and skipped rows."""
+    questions, skips = read_inputs(cfg.inputs)
+    mine = [q for q in questions if shard_of(q.id, cfg.num_shards) == cfg.shard]
+    my_skips = [s for s in skips if shard_of(s.id, cfg.num_shards) == cfg.shard]
+    return mine, my_skips
+
+
+def run_synthesis(
+    cfg: SynthConfig, policy: Policy | None = None, kbs: dict[str, KnowledgeBase] | None = None
+) -> dict:
+    """Run (or resume) this shard of the job; returns its summary (also written to `summary.json`).
+
+    Args:
+        cfg: the recipe.
+        policy: the teacher; default `teacher.build_teacher(cfg.teacher)`. Any other policy is wrapped in a
+            `RetryingPolicy` with `cfg.teacher.retries` / `backoff_s` (unless it is one already).
+        kbs: the KBs keyed by display name; default `load_kbs(cfg)`.
+    """
+    from data_synthesis.records import step_records
+    from data_synthesis.summary import finalize
+
+    folder = shard_dir(cfg)
+    if cfg.num_shards == 1 and (folder / "shards").exists():
+        raise ValueError(f"{folder} holds a sharded run (shards/); use its --num-shards, or a new `output_dir`")
+    folder.mkdir(parents=True, exist_ok=True)
+    questions, skips = prepare(cfg)
+    batches = plan_batches(questions, cfg.questions_per_batch)
+    manifest = {"config_hash": cfg.result_hash(), "shard": cfg.shard, "num_shards": cfg.num_shards,
+                "questions": len(questions), "batches": len(batches), "m": cfg.m}  # fmt: skip
+    mpath = folder / MANIFEST
+    if mpath.exists():
+        old = json.loads(mpath.read_text())
+        if old != manifest:
+            diff = {k: (old.get(k), v) for k, v in manifest.items() if old.get(k) != v}
+            raise ValueError(f"{folder} holds a run of another recipe or input set (differs in {diff}); resume "
+                             "with the same recipe, or choose a new `output_dir`")  # fmt: skip
+    else:
+        atomic_write(mpath, json.dumps(manifest, indent=2))
+        atomic_write(folder / "config.json", json.dumps(cfg.to_dict(), indent=2, default=str))
+    atomic_write(folder / SKIPPED, "".join(_dumps(s.to_dict()) for s in skips))
+
+    progress = restore(folder)
+    for p in progress:
+        if p["batch"] >= len(batches) or p["ids"] != [q.id for q in batches[p["batch"]]]:
+            raise ValueError(f"{folder}: committed batch {p['batch']} holds other questions than the inputs give "
+                             "now (were the input files edited?); use a new `output_dir`")  # fmt: skip
+    done = {p["batch"] for p in progress}
+    todo = [b for b in range(len(batches)) if b not in done]
+    logger.info("shard %d/%d: %d questions in %d batches (%d done), m=%d, %d skipped rows -> %s", cfg.shard,
+                cfg.num_shards, len(questions), len(batches), len(done), cfg.m, len(skips), folder)  # fmt: skip
+    if todo:
+        from data_synthesis.teacher import RetryingPolicy, build_teacher
+
+        if policy is None:
+            policy = build_teacher(cfg.teacher)
+        elif not isinstance(policy, RetryingPolicy):
+            policy = RetryingPolicy(policy, retries=cfg.teacher.retries, backoff_s=cfg.teacher.backoff_s)
+        kbs = kbs if kbs is not None else load_kbs(cfg)
+        kb_menu = [(kb.display_name, kb.description) for kb in kbs.values()]
+        display_names = {kb.name: kb.display_name for kb in kbs.values()}
+        bar = _progress_bar(cfg, total=len(questions), initial=sum(len(batches[b]) for b in done))
+        accepted = sum(p["accepted"] for p in progress)
+        for b in todo:
+            t0 = time.perf_counter()
+            failures0 = policy.failures
+            agent = StepAgent(policy, kbs, agent_config(cfg, batch_seed(cfg.seed, batches[b][0].id)))
+            trajectories = agent.run_batch(expand(batches[b], cfg.m))
+            lines: dict[str, list[str]] = {name: [] for name in OUTPUTS}
+            n_acc = 0
+            for start in range(0, len(trajectories), cfg.m):
+                for v in judge_group(trajectories[start : start + cfg.m], cfg.rejection):
+                    traj = replace(v.trajectory, metadata={**v.trajectory.metadata, "score": v.score, "batch": b})
+                    d = traj.to_dict()
+                    if v.accepted:
+                        n_acc += 1
+                        lines["trajectories.jsonl"].append(_dumps(d))
+                        lines["steps.jsonl"] += [_dumps(r) for r in step_records(traj, kb_menu, display_names)]
+                    else:
+                        lines["rejected.jsonl"].append(_dumps({
+                            "id": traj.id, "question_id": traj.metadata["question_id"],
+                            "dataset": traj.metadata.get("dataset", ""), "sample": traj.metadata["sample"],
+                            "reasons": list(v.reasons), "score": v.score, "trajectory": d,
+                        }))  # fmt: skip
+            sizes = {name: _append(folder / name, lines[name]) for name in OUTPUTS}
+            seconds = time.perf_counter() - t0
+            commit = {"batch": b, "ids": [q.id for q in batches[b]], "trajectories": len(trajectories),
+                      "accepted": n_acc, "seconds": round(seconds, 3), "sizes": sizes,
+                      "teacher_failures": policy.failures - failures0}  # fmt: skip
+            _append(folder / PROGRESS, [_dumps(commit)])  # the commit point
+            progress.append(commit)
+            accepted += n_acc
+            bar.set_postfix(accepted=accepted, traj_per_min=f"{60 * len(trajectories) / max(seconds, 1e-9):.1f}")
+            bar.update(len(batches[b]))
+        bar.close()
+    return finalize(folder, cfg.m, export_format=cfg.export_format if cfg.num_shards == 1 else "none")
+
+
+def _progress_bar(cfg: SynthConfig, total: int, initial: int):  # noqa: ANN202 - tqdm's type
+    from tqdm.auto import tqdm
+
+    disable = not cfg.progress or logging.getLogger().getEffectiveLevel() > logging.INFO
+    return tqdm(total=total, initial=initial, unit="q", desc=f"synth shard {cfg.shard}", disable=disable)

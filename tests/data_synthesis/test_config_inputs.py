@@ -1,0 +1,125 @@
+"""Recipes, overrides and the input readers (on the real shared files)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from data_synthesis.cli import main, merge_main
+from data_synthesis.config import InputSpec, SynthConfig, load_config
+from data_synthesis.inputs import read_inputs
+
+ROOT = Path(__file__).resolve().parents[2]
+RECIPES = sorted((ROOT / "configs" / "synth").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=[p.stem for p in RECIPES])
+def test_every_recipe_parses_and_opens_with_its_command(recipe):
+    cfg = load_config(recipe)
+    assert recipe.read_text().startswith("# Run") and "kbrouter synth --config" in recipe.read_text().splitlines()[1]
+    assert cfg.inputs and cfg.kb_config and Path(cfg.inputs[0].path).is_absolute()  # YAML paths resolve to its folder
+
+
+def test_recipe_count():
+    assert {p.stem for p in RECIPES} >= {"smollm2_cpu", "paper_vl7b_vllm", "paper_r1_32b_vllm"}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "check"),
+    [
+        (["--m", "2"], lambda c: c.m == 2),  # plain key
+        (["--teacher.model", "/models/x"], lambda c: c.teacher.model == "/models/x"),  # dotted nested key
+        (["--rejection.max_steps=2"], lambda c: c.rejection.max_steps == 2),  # key=value form
+        (["--shard", "1", "--num_shards", "4"], lambda c: (c.shard, c.num_shards) == (1, 4)),
+    ],
+)
+def test_overrides(overrides, check):
+    assert check(load_config(ROOT / "configs" / "synth" / "smollm2_cpu.yaml", overrides))
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"teacher": {"modle": "x"}}, "unknown key 'modle' in teacher"),
+        ({"inputs": [{"path": "x", "format": "csv2"}]}, "unknown format 'csv2'"),
+        ({"m": 4, "temperature": 0.0}, "greedy samples are identical"),
+        ({"shard": 3, "num_shards": 2}, "out of range"),
+        ({"teacher": {"backend": "tgi"}}, "'tgi' is unknown"),  # backends come from agent.backends.factory
+        ({"teacher": {"kwargs": {"tp": 4}}}, "teacher: unknown key\\(s\\) \\['tp'\\]"),  # backend kwargs checked early
+    ],
+)
+def test_bad_config_names_the_problem(values, message):
+    with pytest.raises(ValueError, match=message):
+        SynthConfig(**values)
+
+
+def test_unknown_top_level_key_names_the_key_and_the_fix():
+    with pytest.raises(ValueError, match=r"unknown key 'mm'.*did you mean \['m'\]"):
+        load_config(None, ["--mm", "2"])
+
+
+def test_cli_help_exits_zero():
+    for entry in (main, merge_main):
+        with pytest.raises(SystemExit) as e:
+            entry(["--help"])
+        assert e.value.code == 0
+
+
+@pytest.mark.parametrize(
+    ("parts", "fmt", "first_id", "check"),
+    [
+        # HotpotQA/MuSiQue: ids, per-row dataset names, gold lists
+        (("text", "questions.jsonl"), "shared_text", "hotpotqa-dev-5a85ea095542994775f606a8",
+         lambda q: q.answers == ("Animorphs",) and q.metadata["dataset"] == "hotpotqa"),
+        # 2Wiki: no ids in the file -> dataset-line ids; a string answer becomes a one-gold list
+        (("r1router", "2wikimultihopqa_val.jsonl"), "r1router", "2wikimultihopqa-0",
+         lambda q: q.answers == ("Małgorzata Braunek",)),
+        # InfoSeek: data_id, answer_eval golds first (numeric ranges expanded), no image_root -> text only
+        (("r1router", "infoseek_val.jsonl"), "r1router", "infoseek_val_00000000",
+         lambda q: q.answers[:3] == ("energy conversion", "energy transformation", "conversion") and not q.images),
+        # TabFact folder: R1-Router's yes/no questions joined to tables
+        (("table", "tabfact"), "tabfact", "tabfact-val-0", lambda q: q.answers == ("yes",)),
+        # COCO derived QA: images resolved through images.jsonl and present on disk
+        (("image", "coco", "qa_derived.jsonl"), "coco", "coco-535506-q0",
+         lambda q: q.answers == ("1",) and Path(q.images[0]).exists()),
+    ],
+)  # fmt: skip
+def test_readers_on_shared_files(shared_path, parts, fmt, first_id, check):
+    questions, skips = read_inputs([InputSpec(path=str(shared_path(*parts)), format=fmt, limit=5)])
+    assert questions[0].id == first_id and check(questions[0]) and not skips
+
+
+def test_infoseek_numeric_range_and_dynvqa_nan(shared_path):
+    infoseek = shared_path("r1router", "infoseek_val.jsonl")
+    rows = [json.loads(line) for line in infoseek.read_text().splitlines()]
+    n = next(i for i, r in enumerate(rows) if r["answer_eval"] and isinstance(r["answer_eval"][0], dict))
+    questions, _ = read_inputs([InputSpec(path=str(infoseek), format="r1router", limit=n + 1)])
+    lo, hi = rows[n]["answer_eval"][0]["range"]
+    assert str(int(lo)) in questions[n].answers and len(questions[n].answers) > 2  # expanded range
+    dyn = shared_path("r1router", "DynVQA_en.202412.jsonl")
+    questions, skips = read_inputs([InputSpec(path=str(dyn), format="r1router", dataset="dynvqa")])
+    assert len(questions) + len(skips) == 715 and all(q.answers for q in questions)
+
+
+def test_missing_image_is_reported_with_the_question_id(tmp_path, caplog):
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text(json.dumps({"image_id": 42, "question": "What is this?", "answer": ["a cat"], "data_id": "x1"}) + "\n")
+    questions, skips = read_inputs([InputSpec(path=str(qa), format="r1router", image_root=str(tmp_path))])
+    assert not questions and skips[0].id == "x1" and skips[0].reason == "missing_image"
+    assert "x1" in caplog.text and "42.jpg" in caplog.text
+
+
+def test_generic_parquet_with_column_mapping(tmp_path):
+    import datasets
+
+    rows = [{"uid": "a", "q": "Who wrote Hamlet?", "gold": "Shakespeare"},  # a string gold -> one-gold list
+            {"uid": "b", "q": "Capital of France?", "gold": None}]  # no gold -> skipped, counted
+    datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "qa.parquet"))
+    spec = InputSpec(path=str(tmp_path / "qa.parquet"), columns={"id": "uid", "question": "q", "answers": "gold"})
+    questions, skips = read_inputs([spec])
+    assert [(q.id, q.answers, q.metadata["dataset"]) for q in questions] == [("a", ("Shakespeare",), "qa")]
+    assert [(s.id, s.reason) for s in skips] == [("b", "no_gold")]
+    with pytest.raises(ValueError, match="no column 'question'"):
+        read_inputs([InputSpec(path=str(tmp_path / "qa.parquet"))])
