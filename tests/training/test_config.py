@@ -1,0 +1,120 @@
+"""Recipes parse into their config classes; bad recipes and bad data fail with clear errors before a model loads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from training.cli import main
+from training.config import StepGRPOConfig, StepSFTConfig, load_config
+
+from .conftest import CPU_GRPO_RECIPE, REPO
+
+RECIPES = sorted((REPO / "configs" / "train").glob("*.yaml"))
+
+
+def test_there_are_cpu_and_gpu_recipes_for_both_stages():
+    names = {p.name for p in RECIPES}
+    assert {"smollm2_grpo_cpu.yaml", "smollm2_sft_cpu.yaml", "qwen2p5vl7b_grpo.yaml", "qwen2p5vl7b_grpo_lora.yaml",
+            "qwen2p5vl7b_sft.yaml"} <= names  # fmt: skip
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
+def test_every_recipe_parses_and_opens_with_its_command(recipe: Path):
+    first = recipe.read_text().splitlines()[0]
+    command = "grpo" if "_grpo" in recipe.stem else "sft"
+    assert first.startswith("# ") and f" {command} --config configs/train/{recipe.name}" in first
+    import torch
+
+    # GPU recipes ask for bf16, which TrainingArguments refuses on a machine without a GPU: parse them as CPU runs
+    cpu = [] if torch.cuda.is_available() or "cpu" in recipe.stem else ["--bf16", "false", "--use_cpu", "true"]
+    cfg = load_config(command, recipe, cpu)
+    assert isinstance(cfg, StepGRPOConfig if command == "grpo" else StepSFTConfig)
+    if command == "grpo":
+        assert cfg.num_generations >= 2 and len(cfg.reward_weights) == len(cfg.rewards)
+
+
+@pytest.mark.parametrize("recipe", sorted((REPO / "configs" / "accelerate").glob("*.yaml")), ids=lambda p: p.name)
+def test_accelerate_configs_are_valid_yaml_with_a_command(recipe: Path):
+    import yaml
+
+    assert recipe.read_text().startswith("# ") and "accelerate launch" in recipe.read_text().splitlines()[0]
+    assert yaml.safe_load(recipe.read_text())["distributed_type"] in {"MULTI_GPU", "FSDP", "DEEPSPEED"}
+
+
+def test_paper_defaults_and_overrides():
+    cfg = load_config("grpo", CPU_GRPO_RECIPE, ["--num_generations", "8", "--save_strategy", "no", "--beta=0.1"])
+    assert (cfg.num_generations, cfg.save_strategy.value, cfg.beta) == (8, "no", 0.1)  # 'no' stays a string
+    assert [r["name"] for r in cfg.rewards] == ["ask", "route", "answer", "format"]
+    assert cfg.reward_weights == [0.5, 0.5, 1.0, 0.0]  # α = β = 0.5, answer 1, format gate only
+    assert cfg.epsilon == 0.2
+
+
+@pytest.mark.parametrize(
+    "overrides, error, match",
+    [
+        (["--num_generatons", "4"], ValueError, "num_generatons.*num_generations"),  # typo: names key and fix
+        (["--num_generations", "1"], ValueError, "must be >= 2"),  # G < 2
+        (["--rewards", "[{name: bleu}]"], ValueError, "unknown reward 'bleu'"),  # unknown reward name
+        (["--rewards", "[]"], ValueError, "empty"),  # no rewards
+        (["--reward_weights", "[1.0]"], ValueError, "not in `reward_weights`"),  # two sources of weights
+        (["--train_format", "csv"], ValueError, "train_format"),  # unknown data format
+        (["--step_types", "[retrieve]"], ValueError, "step_types"),  # unknown step type
+        (["--lora", "{rank: 8}"], ValueError, "lora"),  # unknown LoRA key
+        (["--train_file", ""], ValueError, "train_file"),  # no data
+    ],
+)
+def test_bad_recipes_fail_at_parse_time(overrides, error, match):
+    with pytest.raises(error, match=match):
+        load_config("grpo", CPU_GRPO_RECIPE, overrides)
+
+
+def test_unknown_yaml_key_names_the_key(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(CPU_GRPO_RECIPE.read_text() + "\ngroup_size: 8\n")
+    with pytest.raises(ValueError, match="unknown key 'group_size'"):
+        load_config("grpo", bad)
+
+
+@pytest.mark.parametrize(
+    "setup, error, match",
+    [
+        # a step record without a gold target
+        (lambda d: (d / "s.jsonl").write_text(json.dumps({"trajectory_id": "t", "step_type": "final",
+                                                          "messages": [{"role": "user", "content": "q"}]}) + "\n"),
+         ValueError, "gold"),
+        # a dataset whose images are missing
+        (lambda d: (d / "s.jsonl").write_text(json.dumps({"trajectory_id": "t", "step_type": "final",
+                                                          "messages": [{"role": "user", "content": "q"}],
+                                                          "gold": {"answers": ["x"]},
+                                                          "images": ["/missing/img.jpg"]}) + "\n"),
+         FileNotFoundError, "img.jpg"),
+    ],
+)  # fmt: skip
+def test_bad_data_fails_before_any_model_loads(tmp_path, monkeypatch, setup, error, match):
+    from training import trainers
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was loaded before the data was checked")
+
+    monkeypatch.setattr(trainers, "load_policy", no_model)
+    monkeypatch.setattr(trainers, "resolve_model_path", no_model)
+    setup(tmp_path)
+    cfg = load_config("grpo", CPU_GRPO_RECIPE, ["--train_file", str(tmp_path / "s.jsonl"), "--train_format",
+                                                 "steps", "--use_images", "true", "--step_types", "null"])  # fmt: skip
+    with pytest.raises(error, match=match):
+        trainers.build_grpo_trainer(cfg)
+
+
+def test_cli_help_exits_zero(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    assert "grpo" in capsys.readouterr().out
+
+
+def test_cli_rejects_unknown_key(tmp_path):
+    with pytest.raises(ValueError, match="unknown key 'no_such_key'"):
+        main(["grpo", "--config", str(CPU_GRPO_RECIPE), "--no_such_key", "1", "--output_dir", str(tmp_path)])

@@ -1,0 +1,223 @@
+"""Recipe configs for `kbrouter train sft|grpo`: TRL's configs extended by adding fields only (STYLE §15-17).
+
+`StepGRPOConfig(trl.GRPOConfig)` and `StepSFTConfig(trl.SFTConfig)` add the step-data and model fields kbrouter
+owns (`StepDataArgs`, a plain field mixin) and, for GRPO, the reward recipe. A YAML file gives the values and
+`--key value` flags override them (`load_config`); an unknown key is an error naming it.
+
+`rewards` and `lora` stay plain dicts/lists of dicts in the dataclass so TRL can serialise the arguments into
+checkpoints; `__post_init__` validates them (unknown reward names, bad weights) before anything loads, and
+`reward_specs()` / `lora_config()` return their typed forms.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trl import GRPOConfig, SFTConfig
+
+from training.rewards import REWARDS, STEP_TYPES
+from training.step_data import FORMATS
+
+# The paper's reward recipe (DESIGN §7): α = β = 0.5, answer 1.0, format as a gate only (weight 0, still logged).
+PAPER_REWARDS = [
+    {"name": "ask", "weight": 0.5},
+    {"name": "route", "weight": 0.5},
+    {"name": "answer", "weight": 1.0},
+    {"name": "format", "weight": 0.0},
+]
+
+
+@dataclass(frozen=True)
+class RewardSpec:
+    """One reward of a recipe: a name from `training.rewards.REWARDS`, its weight and factory kwargs."""
+
+    name: str
+    weight: float = 1.0
+    kwargs: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> RewardSpec:
+        unknown = set(d) - {"name", "weight", "kwargs"}
+        if unknown or "name" not in d:
+            raise ValueError(f"a reward entry is {{name, weight, kwargs}}; got keys {sorted(d)}")
+        if d["name"] not in REWARDS:
+            raise ValueError(f"unknown reward {d['name']!r} in `rewards`; valid rewards: {sorted(REWARDS)}")
+        return cls(name=d["name"], weight=float(d.get("weight", 1.0)), kwargs=dict(d.get("kwargs") or {}))
+
+
+@dataclass
+class StepDataArgs:
+    """Fields shared by the SFT and GRPO recipes: the policy and the step data."""
+
+    model_name_or_path: str = field(
+        default="smollm2", metadata={"help": "Policy: local folder, hub name, or `smollm2` (packaged SmolLM2-135M)."}
+    )
+    model_dtype: str = field(default="float32", metadata={"help": "float32 | bfloat16 | float16 | auto."})
+    train_file: str = field(default="", metadata={"help": "Step data JSONL (trajectories, step records or paper)."})
+    train_format: str = field(default="auto", metadata={"help": f"One of {FORMATS}."})
+    eval_file: str | None = field(default=None, metadata={"help": "Optional held-out step data, same formats."})
+    kbs: list[dict] = field(
+        default_factory=list,
+        metadata={"help": "KBs shown in plan prompts built from trajectories: [{name, description}]."},
+    )
+    step_types: list[str] | None = field(default=None, metadata={"help": "Keep only these step types, e.g. [plan]."})
+    max_train_samples: int | None = field(default=None, metadata={"help": "Use the first N step prompts."})
+    max_prompt_tokens: int | None = field(
+        default=None, metadata={"help": "Prompt budget; over-long prompts lose lines or are skipped (step_data.py)."}
+    )
+    use_images: bool = field(default=False, metadata={"help": "Give the step images to a vision-language policy."})
+    image_root: str | None = field(default=None, metadata={"help": "Folder holding the images, found by basename."})
+    lora: dict | None = field(
+        default=None, metadata={"help": "LoRA through peft: {r, alpha, dropout, target_modules}; None = full FT."}
+    )
+
+    def _check_data_args(self) -> None:
+        if not self.train_file:
+            raise ValueError("`train_file` is required: set e.g. `train_file: data/steps.jsonl` in the YAML")
+        if self.train_format not in FORMATS:
+            raise ValueError(f"`train_format` {self.train_format!r} is not one of {FORMATS}")
+        if self.step_types:
+            bad = sorted(set(self.step_types) - set(STEP_TYPES))
+            if bad:
+                raise ValueError(f"`step_types` {bad} unknown; valid: {list(STEP_TYPES)}")
+        if self.model_dtype not in ("float32", "bfloat16", "float16", "auto"):
+            raise ValueError(f"`model_dtype` {self.model_dtype!r}: use float32, bfloat16, float16 or auto")
+        for kb in self.kbs:
+            if set(kb) - {"name", "description"} or "name" not in kb:
+                raise ValueError(f"each `kbs` entry is {{name, description}}; got {kb!r}")
+        if self.lora is not None:
+            unknown = set(self.lora) - {"r", "alpha", "dropout", "target_modules"}
+            if unknown:
+                raise ValueError(f"unknown `lora` keys {sorted(unknown)}; valid: r, alpha, dropout, target_modules")
+
+    def kb_pairs(self) -> list[tuple[str, str]]:
+        """`kbs` as `(display_name, description)` pairs for `agent.prompts.plan_messages`."""
+        return [(kb["name"], kb.get("description", "")) for kb in self.kbs]
+
+    def lora_config(self):
+        """A `peft.LoraConfig` from `lora`, or None for full fine-tuning."""
+        if self.lora is None:
+            return None
+        try:
+            from peft import LoraConfig
+        except ImportError as e:
+            raise ImportError("`lora` needs peft: pip install 'kbrouter[train]'") from e
+        return LoraConfig(
+            r=int(self.lora.get("r", 16)),
+            lora_alpha=int(self.lora.get("alpha", 32)),
+            lora_dropout=float(self.lora.get("dropout", 0.05)),
+            target_modules=self.lora.get("target_modules", "all-linear"),
+            task_type="CAUSAL_LM",
+        )
+
+
+@dataclass
+class StepGRPOConfig(GRPOConfig, StepDataArgs):
+    """Step-GRPO recipe: TRL's `GRPOConfig` plus step data, the policy and the reward recipe."""
+
+    rewards: list[dict] = field(
+        default_factory=lambda: [dict(r) for r in PAPER_REWARDS],
+        metadata={"help": f"[{{name, weight, kwargs}}]; names: {sorted(REWARDS)}. Default: the paper's."},
+    )
+    format_gate: bool = field(
+        default=True, metadata={"help": "Malformed tags score 0 on every component (the paper's gate)."}
+    )
+
+    def __post_init__(self):
+        self._check_data_args()
+        if self.num_generations is not None and self.num_generations < 2:
+            raise ValueError(
+                f"`num_generations` ({self.num_generations}) must be >= 2 for group-relative advantages; "
+                "set e.g. `num_generations: 8` in the YAML"
+            )
+        specs = [RewardSpec.from_dict(r) for r in self.rewards]
+        if not specs:
+            raise ValueError("`rewards` is empty; list at least one of " + ", ".join(sorted(REWARDS)))
+        if self.reward_weights is not None and list(self.reward_weights) != [s.weight for s in specs]:
+            raise ValueError("set reward weights in `rewards: [{name, weight}]`, not in `reward_weights`")
+        self.reward_weights = [s.weight for s in specs]
+        super().__post_init__()
+
+    def reward_specs(self) -> list[RewardSpec]:
+        """The validated reward recipe."""
+        return [RewardSpec.from_dict(r) for r in self.rewards]
+
+
+@dataclass
+class StepSFTConfig(SFTConfig, StepDataArgs):
+    """SFT recipe on step records: TRL's `SFTConfig` plus step data and the policy."""
+
+    def __post_init__(self):
+        self._check_data_args()
+        super().__post_init__()
+
+
+CONFIGS = {"grpo": StepGRPOConfig, "sft": StepSFTConfig}
+
+
+def _yaml_load(text: str):
+    """YAML with only `true`/`false` as booleans (`save_strategy: no` stays a string) and `1e-4` as a float."""
+    import re
+
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.yaml_implicit_resolvers = {
+        k: [(tag, rx) for tag, rx in v if tag != "tag:yaml.org,2002:bool"]
+        for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+    Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                                 list("tTfF"))  # fmt: skip
+    # PyYAML (YAML 1.1) reads `1e-4` as a string; learning rates are written that way
+    Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9]+(?:\.[0-9]*)?[eE][-+]?[0-9]+$"),
+                                 list("-+0123456789"))  # fmt: skip
+    return yaml.load(text, Loader=Loader)
+
+
+def _parse_overrides(tokens: list[str]) -> dict:
+    out, i = {}, 0
+    while i < len(tokens):
+        tok = tokens[i]
+        if not tok.startswith("--"):
+            raise ValueError(f"expected `--key value`, got {tok!r}")
+        key, eq, value = tok[2:].partition("=")
+        if not eq:
+            if i + 1 >= len(tokens):
+                raise ValueError(f"override --{key} has no value")
+            value, i = tokens[i + 1], i + 1
+        out[key.replace("-", "_")] = _yaml_load(value)
+        i += 1
+    return out
+
+
+def load_config(command: str, path: str | Path | None, overrides: list[str] | None = None):
+    """Build the config of `command` (`sft` or `grpo`) from a YAML recipe and `--key value` overrides.
+
+    Raises:
+        ValueError: an unknown key (naming it and the closest valid keys), or invalid values.
+        FileNotFoundError: the recipe does not exist.
+    """
+    if command not in CONFIGS:
+        raise ValueError(f"unknown command {command!r}; valid: {sorted(CONFIGS)}")
+    cls = CONFIGS[command]
+    values: dict = {}
+    if path is not None:
+        path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(f"recipe not found: {path}")
+        values = _yaml_load(path.read_text()) or {}
+        if not isinstance(values, dict):
+            raise ValueError(f"{path}: a recipe is a mapping of keys to values")
+    values.update(_parse_overrides(overrides or []))
+    valid = {f.name for f in dataclasses.fields(cls) if f.init}
+    for key in values:
+        if key not in valid:
+            close = difflib.get_close_matches(key, sorted(valid), n=3)
+            hint = f"; did you mean {close}?" if close else ""
+            raise ValueError(f"unknown key {key!r} for `{command}` in {path or 'overrides'}{hint}")
+    return cls(**values)

@@ -1,0 +1,212 @@
+"""Build TRL trainers for Step-GRPO and SFT from a recipe: data first (fail fast), then the policy, then the trainer.
+
+`trl.GRPOTrainer` and `trl.SFTTrainer` are used as they are (STYLE §22). Everything that can be wrong with the input
+(missing gold, unknown reward, missing images, G < 2) is checked before a model loads.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from training.config import StepDataArgs, StepGRPOConfig, StepSFTConfig
+from training.rewards import PLAN, RewardFunc, build_reward
+from training.step_data import StepRecord, load_step_records, resolve_images
+from training.step_dataset import build_step_dataset
+
+logger = logging.getLogger(__name__)
+
+_GATED = ("ask", "route", "answer")
+
+
+def load_records(cfg: StepDataArgs, path: str) -> list[StepRecord]:
+    """Read and validate step records (and their images when used); no model is touched."""
+    records = load_step_records(path, cfg.train_format, cfg.kb_pairs() or None)
+    if cfg.use_images:
+        records = resolve_images(records, cfg.image_root)
+    if cfg.max_train_samples is not None:
+        kept = [r for r in records if not cfg.step_types or r.step_type in cfg.step_types]
+        records = kept[: cfg.max_train_samples]
+    return records
+
+
+def build_rewards(cfg: StepGRPOConfig) -> list[RewardFunc]:
+    """Reward functions in recipe order (their weights are `cfg.reward_weights`)."""
+    funcs = []
+    for spec in cfg.reward_specs():
+        kwargs = dict(spec.kwargs)
+        if spec.name in _GATED:
+            kwargs.setdefault("gate", cfg.format_gate)
+        funcs.append(build_reward(spec.name, **kwargs))
+    return funcs
+
+
+def _dtype(name: str):
+    import torch
+
+    return "auto" if name == "auto" else getattr(torch, name)
+
+
+def is_vision_language(model_path: str) -> bool:
+    """Whether the model's config has a vision tower (Qwen2.5-VL-class)."""
+    from transformers import AutoConfig
+
+    return getattr(AutoConfig.from_pretrained(model_path), "vision_config", None) is not None
+
+
+def load_processing_class(model_path: str):
+    """The tokenizer (text policy) or processor (vision-language policy) of a model folder."""
+    from transformers import AutoProcessor, AutoTokenizer
+
+    if is_vision_language(model_path):
+        return AutoProcessor.from_pretrained(model_path)
+    tok = AutoTokenizer.from_pretrained(model_path)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_policy(model_path: str, dtype: str):
+    """The policy model: `AutoModelForImageTextToText` for VL configs, else `AutoModelForCausalLM`."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    cls = AutoModelForImageTextToText if is_vision_language(model_path) else AutoModelForCausalLM
+    return cls.from_pretrained(model_path, dtype=_dtype(dtype))
+
+
+def resolve_model_path(name_or_path: str) -> str:
+    """`smollm2` → the cached SmolLM2 folder (converted once from the packaged GGUF); else unchanged."""
+    from agent.backends.models import resolve_model
+
+    return resolve_model(name_or_path)
+
+
+def _tokenizer_of(processing_class):
+    return getattr(processing_class, "tokenizer", processing_class)
+
+
+def build_datasets(cfg: StepDataArgs, processing_class, train: list[StepRecord], evals: list[StepRecord] | None):
+    tok = _tokenizer_of(processing_class)
+    kw = dict(tokenizer=tok, max_prompt_tokens=cfg.max_prompt_tokens, use_images=cfg.use_images,
+              step_types=cfg.step_types)  # fmt: skip
+    train_ds = build_step_dataset(train, **kw)
+    eval_ds = build_step_dataset(evals, **kw) if evals else None
+    return train_ds, eval_ds
+
+
+def build_grpo_trainer(cfg: StepGRPOConfig):
+    """Step-GRPO: `trl.GRPOTrainer` over step prompts with the recipe's rewards."""
+    from trl import GRPOTrainer
+
+    train = load_records(cfg, cfg.train_file)
+    evals = load_records(cfg, cfg.eval_file) if cfg.eval_file else None
+    rewards = build_rewards(cfg)
+    if cfg.step_types and set(cfg.step_types) == {PLAN}:
+        logger.info("plan steps only: the answer reward will be None (not applicable) on every row")
+    model_path = resolve_model_path(cfg.model_name_or_path)
+    processing_class = load_processing_class(model_path)
+    train_ds, eval_ds = build_datasets(cfg, processing_class, train, evals)
+    train_ds = train_ds.remove_columns("completion")
+    eval_ds = eval_ds.remove_columns("completion") if eval_ds is not None else None
+    logger.info("Step-GRPO on %d step prompts (%s)", len(train_ds), dict(_count(train_ds["step_type"])))
+    model = load_policy(model_path, cfg.model_dtype)
+    return GRPOTrainer(
+        model=model,
+        reward_funcs=rewards,
+        args=cfg,
+        train_dataset=train_ds,
+        eval_dataset=eval_ds,
+        processing_class=processing_class,
+        peft_config=cfg.lora_config(),
+    )
+
+
+def build_sft_trainer(cfg: StepSFTConfig):
+    """SFT on step records: prompt + gold completion written with the step's tags (loss on the completion)."""
+    from trl import SFTTrainer
+
+    train = load_records(cfg, cfg.train_file)
+    evals = load_records(cfg, cfg.eval_file) if cfg.eval_file else None
+    model_path = resolve_model_path(cfg.model_name_or_path)
+    processing_class = load_processing_class(model_path)
+    train_ds, eval_ds = build_datasets(cfg, processing_class, train, evals)
+    keep = ["prompt", "completion"] + (["images"] if "images" in train_ds.column_names else [])
+    train_ds = train_ds.select_columns(keep)
+    eval_ds = eval_ds.select_columns(keep) if eval_ds is not None else None
+    logger.info("SFT on %d step examples", len(train_ds))
+    model = load_policy(model_path, cfg.model_dtype)
+    return SFTTrainer(
+        model=model,
+        args=cfg,
+        train_dataset=train_ds,
+        eval_dataset=eval_ds,
+        processing_class=processing_class,
+        peft_config=cfg.lora_config(),
+    )
+
+
+def _count(values: list[str]) -> dict:
+    from collections import Counter
+
+    return Counter(values)
+
+
+def resume_checkpoint(cfg) -> str | bool | None:
+    """`resume_from_checkpoint` as `Trainer.train` takes it: a path, `True` (latest in output_dir) or None."""
+    value = cfg.resume_from_checkpoint
+    if value is None or str(value).lower() in ("", "false", "none"):
+        return None
+    if str(value).lower() in ("true", "last", "latest"):
+        from transformers.trainer_utils import get_last_checkpoint
+
+        last = get_last_checkpoint(cfg.output_dir) if Path(cfg.output_dir).is_dir() else None
+        if last is None:
+            logger.info("no checkpoint in %s: starting from scratch", cfg.output_dir)
+        return last
+    if not Path(value).is_dir():
+        raise FileNotFoundError(f"resume_from_checkpoint: no checkpoint folder at {value}")
+    return value
+
+
+def throughput_callback():
+    """A `TrainerCallback` logging, on every process, each optimizer step's wall time and completions per second.
+
+    Replicas log at INFO only with `log_level_replica: info` (TRL's default for replicas is warning).
+    """
+    import time
+
+    from transformers import TrainerCallback
+
+    class ThroughputCallback(TrainerCallback):
+        def __init__(self):
+            self.t0 = 0.0
+            self.times: list[float] = []
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            logger.info("process %d/%d on %s", args.process_index, args.world_size, args.device)
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            dt = time.perf_counter() - self.t0
+            self.times.append(dt)
+            n = args.per_device_train_batch_size * args.gradient_accumulation_steps
+            logger.info("throughput process %d: step %d took %.1f s, %d completions, %.2f completions/s",
+                        args.process_index, state.global_step, dt, n, n / dt)  # fmt: skip
+
+        def on_train_end(self, args, state, control, **kwargs):
+            if self.times:
+                n = args.per_device_train_batch_size * args.gradient_accumulation_steps * len(self.times)
+                logger.info("throughput process %d: %d steps in %.1f s, %.2f completions/s on this process",
+                            args.process_index, len(self.times), sum(self.times), n / sum(self.times))  # fmt: skip
+
+    return ThroughputCallback()
+
+
+def train(trainer, cfg) -> dict:
+    """Train (resuming when asked), save the final model, return the final metrics."""
+    trainer.add_callback(throughput_callback())
+    result = trainer.train(resume_from_checkpoint=resume_checkpoint(cfg))
+    trainer.save_model(cfg.output_dir)
+    return dict(result.metrics)
