@@ -18,6 +18,7 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
+from agent.step_records import records_from_trajectory
 from agent.types import Trajectory
 
 logger = logging.getLogger(__name__)
@@ -34,8 +35,6 @@ def step_records(traj: Trajectory, kbs: list[tuple[str, str]], display_names: di
         kbs: `(display_name, description)` of the KBs the plan prompts list.
         display_names: KB name -> display name.
     """
-    from training.step_data import records_from_trajectory
-
     steps = tuple(replace(s, kb=display_names.get(s.kb, s.kb)) if s.kb else s for s in traj.steps)
     out = []
     for r in records_from_trajectory(replace(traj, steps=steps), kbs):

@@ -22,6 +22,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 from agent.protocol import AnswerParse, PlanParse, normalize_kb, parse_answer, parse_plan
+from agent.step_records import ANSWER, FINAL, PLAN, STEP_TYPES  # noqa: F401 (one definition, shared)
 from eval.metrics import f1_recall
 from training.embedders import MINILM, Embedder, get_embedder
 
@@ -30,8 +31,6 @@ logger = logging.getLogger(__name__)
 # TRL's reward contract: completions (+ dataset columns as lists) -> one float or None per completion
 RewardFunc = Callable[..., list[float | None]]
 
-PLAN, ANSWER, FINAL = "plan", "answer", "final"
-STEP_TYPES = (PLAN, ANSWER, FINAL)
 
 
 def completion_text(completion: str | list[dict]) -> str:
