@@ -1,0 +1,252 @@
+"""Benchmark loaders: local files → normalised rows in a `datasets.Dataset` → `agent.loop.Question`s.
+
+Every loader reads JSONL line by line (a malformed line raises naming the file and line) and returns rows with
+`id`, `question`, `answers` (gold strings; InfoSeek numeric ranges expanded as the paper does), `images`,
+`gold_kb` (KB name holding the evidence, "" when unknown), `gold_evidence` (doc ids: paragraph ids, table ids,
+image ids, `<video>@<start>-<end>` spans) and `answer_type` (`yesno` or `open`). Rows go through
+`datasets.Dataset` for the subset (seeded shuffle, `limit`) and are returned as `Question`s whose `metadata`
+carries the gold fields.
+
+The paper's six sets (`r1router/`) ship without images: a visual set whose images are missing is reported and
+skipped unless `text_only: true` (questions without their image) or `image_root:` points at the images.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from agent.loop import Question
+from eval.metrics import expand_infoseek_golds
+
+logger = logging.getLogger(__name__)
+
+YES_NO = frozenset({"yes", "no"})
+
+
+@dataclass
+class DatasetSpec:
+    """One benchmark of an eval config."""
+
+    name: str = field(metadata={"help": "Name in the report and the prediction cache."})
+    loader: str = field(metadata={"help": "A key of `LOADERS` (e.g. hotpotqa, tabfact, coco, jsonl)."})
+    path: str = field(default="", metadata={"help": "Question file; default: the loader's file under shared_data."})
+    group: str = field(default="", metadata={"help": "Report group (text|table|image|video|...); loader default."})
+    limit: int | None = field(default=None, metadata={"help": "Keep at most this many questions."})
+    sample_seed: int | None = field(default=0, metadata={"help": "Shuffle seed before `limit`; None keeps order."})
+    text_only: bool = field(default=False, metadata={"help": "Run a visual set without its images."})
+    image_root: str = field(default="", metadata={"help": "Folder holding the images of r1router visual sets."})
+    gold_kb: str | None = field(default=None, metadata={"help": "KB name holding the evidence; loader default."})
+    columns: dict = field(default_factory=dict, metadata={"help": "jsonl loader: our field -> file column."})
+
+    def __post_init__(self) -> None:
+        if self.loader not in LOADERS:
+            raise ValueError(f"dataset {self.name!r}: unknown loader {self.loader!r}; valid: {sorted(LOADERS)}")
+        if self.loader == "jsonl" and not self.path:
+            raise ValueError(f"dataset {self.name!r}: the jsonl loader needs `path:` (a JSONL question file)")
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"dataset {self.name!r}: `limit` must be >= 1 or null, got {self.limit}")
+        unknown = set(self.columns) - set(COLUMN_KEYS)
+        if unknown:
+            raise ValueError(f"dataset {self.name!r}: unknown `columns` key(s) {sorted(unknown)}; valid: {COLUMN_KEYS}")
+
+
+@dataclass
+class LoadedDataset:
+    """A loaded benchmark: its questions, or the reason it was skipped."""
+
+    spec: DatasetSpec
+    group: str
+    questions: list[Question]
+    skipped: str = ""
+
+
+def read_jsonl_rows(path: str | Path) -> Iterator[tuple[int, dict]]:
+    """`(line_number, row)` of a JSONL file; a malformed line raises `ValueError` naming the file and line.
+
+    Python's parser is used (not Arrow's) because the paper's Dyn-VQA file holds a bare `NaN` that strict parsers
+    reject.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"dataset file {str(path)!r} does not exist")
+    with path.open(encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n}: malformed JSON line ({e.msg} at column {e.colno}); fix or remove it") from e
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}:{n}: expected a JSON object, got {type(row).__name__}")
+            yield n, row
+
+
+def _row(id_: str, question: str, answers: list, *, images: list[str] = (), gold_kb: str = "",
+         gold_evidence: list[str] = (), **extra: object) -> dict:
+    answers = [str(a) for a in answers]
+    answer_type = "yesno" if answers and all(a.strip().lower() in YES_NO for a in answers) else "open"
+    return {"id": id_, "question": question, "answers": answers, "images": list(images), "gold_kb": gold_kb,
+            "gold_evidence": [str(e) for e in gold_evidence], "answer_type": answer_type,
+            "extra": json.dumps(extra, ensure_ascii=False, default=str)}
+
+
+# -- loaders: (spec, file) -> rows ----------------------------------------------------------------------------------
+def _r1_text(prefix: str) -> Callable[[DatasetSpec, Path], list[dict]]:
+    def load(spec: DatasetSpec, path: Path) -> list[dict]:
+        return [_row(f"{prefix}-{n}", r["question"], [r["answer"]]) for n, r in read_jsonl_rows(path)]
+
+    return load
+
+
+def _r1_tabfact(spec: DatasetSpec, path: Path) -> list[dict]:
+    join = path.parent.parent / "table" / "tabfact" / "r1router_tabfact_val_to_table.jsonl"
+    tables = {r["r1_router_line"]: r["table_id"] for _, r in read_jsonl_rows(join)} if join.is_file() else {}
+    return [_row(f"r1tabfact-{i}", r["question"], [r["answer"]], gold_kb="tabfact",
+                 gold_evidence=[tables[i]] if i in tables else [])
+            for i, (_, r) in enumerate(read_jsonl_rows(path))]
+
+
+def _image_paths(spec: DatasetSpec, image_id: object) -> list[str]:
+    if spec.text_only or not spec.image_root:
+        return [f"<missing:{image_id}>"]
+    for ext in (".jpg", ".JPEG", ".jpeg", ".png"):
+        p = Path(spec.image_root) / f"{image_id}{ext}"
+        if p.exists():
+            return [str(p)]
+    return [f"<missing:{image_id}>"]
+
+
+def _r1_infoseek(spec: DatasetSpec, path: Path) -> list[dict]:
+    return [_row(r["data_id"], r["question"], expand_infoseek_golds(r["answer_eval"]),
+                 images=_image_paths(spec, r["image_id"]), image_id=r["image_id"]) for _, r in read_jsonl_rows(path)]
+
+
+def _r1_dynvqa(spec: DatasetSpec, path: Path) -> list[dict]:
+    return [_row(f"dynvqa-{r['question_id']}", r["question"], r["answer"], images=_image_paths(spec, r["image_id"]),
+                 image_id=r["image_id"]) for _, r in read_jsonl_rows(path)]
+
+
+def _r1_webqa(spec: DatasetSpec, path: Path) -> list[dict]:
+    return [_row(f"webqa-{n}", r["question"], [a.strip('"') for a in r["answer"]],
+                 images=_image_paths(spec, r["image_id"]), image_id=r["image_id"]) for n, r in read_jsonl_rows(path)]
+
+
+def _shared_text(dataset: str) -> Callable[[DatasetSpec, Path], list[dict]]:
+    def load(spec: DatasetSpec, path: Path) -> list[dict]:
+        return [_row(r["qid"], r["question"], r["answers"], gold_kb="wiki", gold_evidence=r["supporting_doc_ids"],
+                     hops=r.get("hops")) for _, r in read_jsonl_rows(path) if r["dataset"] == dataset]
+
+    return load
+
+
+def _tabfact(spec: DatasetSpec, path: Path) -> list[dict]:
+    return [_row(r["qid"], f"is {r['statement']}?", ["yes" if r["label"] == 1 else "no"], gold_kb="tabfact",
+                 gold_evidence=[r["table_id"]]) for _, r in read_jsonl_rows(path)]
+
+
+def _wtq(spec: DatasetSpec, path: Path) -> list[dict]:
+    return [_row(r["qid"], r["question"], r["answers"], gold_kb="wtq", gold_evidence=[r["table_id"]])
+            for _, r in read_jsonl_rows(path)]
+
+
+def _coco(spec: DatasetSpec, path: Path) -> list[dict]:
+    images = {}
+    index = path.parent / "images.jsonl"
+    if index.is_file():
+        images = {r["image_id"]: str(path.parent / r["file"]) for _, r in read_jsonl_rows(index)}
+    return [_row(r["qid"], r["question"], [r["answer"]], images=[images.get(r["image_id"], f"<missing:{r['image_id']}>")]
+                 if not spec.text_only else [], gold_kb="coco_captions", gold_evidence=[r["image_id"]], type=r["type"])
+            for _, r in read_jsonl_rows(path)]
+
+
+def _video(spec: DatasetSpec, path: Path) -> list[dict]:
+    return [_row(r["qid"], r["question"], [r["answer"]], gold_kb="video_clips",
+                 gold_evidence=[f"{r['video_id']}@{r['evidence_span_s'][0]:g}-{r['evidence_span_s'][1]:g}"])
+            for _, r in read_jsonl_rows(path)]
+
+
+COLUMN_KEYS = ("id", "question", "answers", "images", "gold_kb", "gold_evidence")
+
+
+def _jsonl(spec: DatasetSpec, path: Path) -> list[dict]:
+    cols = {"id": "id", "question": "question", "answers": "answers", "images": "images", "gold_kb": "gold_kb",
+            "gold_evidence": "gold_evidence", **spec.columns}
+    rows = []
+    for n, r in read_jsonl_rows(path):
+        for key in ("question", "answers"):
+            if cols[key] not in r and not (key == "answers" and "golden_answers" in r):
+                raise ValueError(f"{path}:{n}: missing column {cols[key]!r} (for {key!r}); map it with `columns:`")
+        answers = r.get(cols["answers"], r.get("golden_answers"))
+        images = r.get(cols["images"]) or []
+        evidence = r.get(cols["gold_evidence"]) or []
+        rows.append(_row(str(r.get(cols["id"], f"{spec.name}-{n}")), r[cols["question"]],
+                         [answers] if isinstance(answers, str) else list(answers),
+                         images=[images] if isinstance(images, str) else images,
+                         gold_kb=str(r.get(cols["gold_kb"]) or ""),
+                         gold_evidence=[evidence] if isinstance(evidence, str) else evidence))
+    return rows
+
+
+# loader name -> (rows function, default file under shared_data, default group)
+LOADERS: dict[str, tuple[Callable[[DatasetSpec, Path], list[dict]], str, str]] = {
+    "r1_2wiki": (_r1_text("2wiki"), "r1router/2wikimultihopqa_val.jsonl", "text"),
+    "r1_openwikitable": (_r1_text("owt"), "r1router/openwikitqa_val.jsonl", "table"),
+    "r1_tabfact": (_r1_tabfact, "r1router/tabfact_val.jsonl", "table"),
+    "r1_infoseek": (_r1_infoseek, "r1router/infoseek_val.jsonl", "image"),
+    "r1_dynvqa": (_r1_dynvqa, "r1router/DynVQA_en.202412.jsonl", "image"),
+    "r1_webqa": (_r1_webqa, "r1router/webqa_val.jsonl", "image"),
+    "hotpotqa": (_shared_text("hotpotqa"), "text/questions.jsonl", "text"),
+    "musique": (_shared_text("musique"), "text/questions.jsonl", "text"),
+    "tabfact": (_tabfact, "table/tabfact/statements.jsonl", "table"),
+    "wtq": (_wtq, "table/wtq/questions.jsonl", "table"),
+    "coco": (_coco, "image/coco/qa_derived.jsonl", "image"),
+    "video": (_video, "video/qa.jsonl", "video"),
+    "jsonl": (_jsonl, "", "custom"),
+}
+SPEC_KEYS = tuple(f.name for f in fields(DatasetSpec))
+
+
+def load_dataset(spec: DatasetSpec, shared_data: str | Path = "") -> LoadedDataset:
+    """Load one benchmark into questions (subset by `sample_seed`/`limit` through `datasets`).
+
+    Raises:
+        FileNotFoundError: the question file is missing.
+        ValueError: a malformed line (named by file and line) or a missing column.
+    """
+    import datasets
+
+    rows_fn, default_file, default_group = LOADERS[spec.loader]
+    path = Path(spec.path) if spec.path else Path(shared_data) / default_file
+    group = spec.group or default_group
+    rows = rows_fn(spec, path)
+    if not rows:
+        return LoadedDataset(spec, group, [], skipped=f"no questions in {path}")
+    ds = datasets.Dataset.from_list(rows)
+    if spec.sample_seed is not None:
+        ds = ds.shuffle(seed=spec.sample_seed)
+    if spec.limit is not None:
+        ds = ds.select(range(min(spec.limit, len(ds))))
+    missing = [img for row in ds for img in row["images"] if img.startswith("<missing:") or not Path(img).exists()]
+    if missing and not spec.text_only:
+        reason = (f"{len(missing)} of {len(ds)} questions' images are not available (e.g. {missing[0]}); the paper's "
+                  "visual sets ship without images: set `image_root:` to their folder, or `text_only: true`")
+        logger.warning("dataset %s skipped: %s", spec.name, reason)
+        return LoadedDataset(spec, group, [], skipped=reason)
+    questions = []
+    for row in ds:
+        gold_kb = spec.gold_kb if spec.gold_kb is not None else row["gold_kb"]
+        meta = {"dataset": spec.name, "group": group, "gold_kb": gold_kb, "gold_evidence": row["gold_evidence"],
+                "answer_type": row["answer_type"], **json.loads(row["extra"])}
+        images = () if spec.text_only else tuple(row["images"])
+        questions.append(Question(id=row["id"], question=row["question"], images=images,
+                                  answers=tuple(row["answers"]), metadata=meta))
+    ids = [q.id for q in questions]
+    if len(set(ids)) != len(ids):
+        dup = next(i for i in ids if ids.count(i) > 1)
+        raise ValueError(f"dataset {spec.name!r} ({path}): duplicate question id {dup!r}; ids must be unique")
+    return LoadedDataset(spec, group, questions)

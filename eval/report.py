@@ -1,0 +1,228 @@
+"""Turn cached predictions into `results.json`, `report.md`, `predictions.jsonl` and PNG plots.
+
+Everything here is computed from the cache records of the run's current datasets × methods, so a resumed run
+writes the same report as an uninterrupted one (latency, a measurement, aside).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections import Counter
+from dataclasses import asdict
+from pathlib import Path
+
+from agent.types import Trajectory
+from eval.config import EvalConfig
+from eval.datasets import LoadedDataset
+from eval.methods import ROUTING_METHODS
+from eval.scoring import macro_average, mean_scores, score_prediction
+
+logger = logging.getLogger(__name__)
+
+QUALITY = (("answer/f1_recall", "F1-R"), ("answer/em", "EM"), ("answer/token_f1", "F1"), ("answer/acc", "Acc"),
+           ("retrieval/recall@k", "R@k"), ("routing/accuracy", "Route"))
+COST = (("cost/steps", "steps/q"), ("cost/searches", "searches/q"), ("cost/gen_tokens", "gen tok/q"),
+        ("cost/latency_s", "latency s/q"), ("run/error", "errors"))
+PERCENT = {k for k, _ in QUALITY} | {"run/error"}
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _fmt(key: str, value: float | None) -> str:
+    if value is None:
+        return "–"
+    return f"{100 * value:.1f}" if key in PERCENT else f"{value:.2f}" if value < 100 else f"{value:.0f}"
+
+
+def markdown_table(header: list[str], rows: list[list[str]], best: list[bool] | None = None,
+                   values: list[list[float | None]] | None = None) -> str:
+    """A markdown table; where `best[j]`, the highest value of column j (from `values`) is bold."""
+    rows = [list(r) for r in rows]
+    if best and values:
+        for j, is_best in enumerate(best):
+            col = [v[j] for v in values if v[j] is not None]
+            if is_best and col and min(col) < max(col):  # a column where all tie marks nothing
+                top = max(col)
+                for i, v in enumerate(values):
+                    if v[j] is not None and abs(v[j] - top) < 1e-12:
+                        rows[i][j + 1] = f"**{rows[i][j + 1]}**"
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" if i == 0 else "---:" for i in range(len(header))) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def kb_choices(trajectories: list[Trajectory], max_steps: int) -> list[Counter]:
+    """Per step index, how many trajectories searched each KB there (`none` = the plan stopped to answer,
+    `format_error` = the plan was malformed, which also ends the trajectory)."""
+    out = [Counter() for _ in range(max_steps)]
+    for t in trajectories:
+        for i, s in enumerate(t.steps[:max_steps]):
+            out[i][s.kb if s.kb is not None else ("format_error" if s.format_errors else "none")] += 1
+    return out
+
+
+def write_report(cfg: EvalConfig, loaded: list[LoadedDataset], methods: list[str], cache: dict[str, dict],
+                 kb_names: list[str], out_dir: Path, computed: int = 0) -> dict:
+    """Score every (dataset, method, question), aggregate, and write the report files; returns the results."""
+    from eval.runner import cache_key
+
+    per_ds: dict[str, dict[str, dict]] = {}
+    trajs: dict[tuple[str, str], list[Trajectory]] = {}
+    predictions = []
+    for ds in loaded:
+        if ds.skipped:
+            continue
+        per_ds[ds.spec.name] = {}
+        for m in methods:
+            rows = []
+            for q in ds.questions:
+                rec = cache.get(cache_key(ds.spec.name, m, q.id))
+                if rec is None:
+                    continue
+                scores = score_prediction(rec, kb_names, routes=m in ROUTING_METHODS or m in cfg.checkpoints,
+                                          retrieves=m != "no_retrieval")
+                rows.append(scores)
+                traj = Trajectory.from_dict(rec["trajectory"])
+                trajs.setdefault((ds.group, m), []).append(traj)
+                predictions.append({"dataset": ds.spec.name, "method": m, "qid": q.id, "question": q.question,
+                                    "gold": list(q.answers or []), "prediction": traj.final_answer,
+                                    "scores": scores, "error": rec.get("error", ""), "trajectory": rec["trajectory"]})
+            per_ds[ds.spec.name][m] = mean_scores(rows)
+    groups: dict[str, list[str]] = {}
+    for ds in loaded:
+        if not ds.skipped:
+            groups.setdefault(ds.group, []).append(ds.spec.name)
+    macro = {m: macro_average({d: per_ds[d][m] for d in per_ds}) for m in methods}
+    by_group = {g: {m: macro_average({d: per_ds[d][m] for d in names}) for m in methods} for g, names in groups.items()}
+    max_steps = max(cfg.agent_config().max_steps, 1)
+    routing = {g: {m: [dict(c) for c in kb_choices(trajs.get((g, m), []), max_steps)] for m in methods
+                   if m in ROUTING_METHODS or m in cfg.checkpoints} for g in groups}
+    results = {
+        "name": cfg.name, "kbs": kb_names, "methods": methods,
+        "datasets": {ds.spec.name: {"group": ds.group, "n": len(ds.questions), "skipped": ds.skipped,
+                                    "loader": ds.spec.loader} for ds in loaded},
+        "per_dataset": per_ds, "per_group": by_group, "macro": macro, "routing_by_step": routing,
+        "config": {k: v for k, v in asdict(cfg).items() if k != "source_file"},
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _write_text(out_dir / "results.json", json.dumps(results, indent=2, sort_keys=True, default=str) + "\n")
+    _write_text(out_dir / "predictions.jsonl",
+                "".join(json.dumps(p, ensure_ascii=False, sort_keys=True) + "\n" for p in predictions))
+    plots = write_plots(results, groups, out_dir, cfg.plot_method)
+    _write_text(out_dir / "report.md", render_markdown(results, loaded, groups, plots))
+    logger.info("report written to %s (%d predictions computed this run)", out_dir / "report.md", computed)
+    return results
+
+
+def render_markdown(results: dict, loaded: list[LoadedDataset], groups: dict[str, list[str]], plots: list[str]) -> str:
+    """The report: a macro-average table, one table per dataset group, a cost table, the plots."""
+    methods, per_ds, macro = results["methods"], results["per_dataset"], results["macro"]
+    out = [f"# Evaluation: {results['name']}", "",
+           f"KBs: {', '.join(results['kbs'])}. Scores ×100; **bold** = best in the column. F1-R = F1-recall (the "
+           "paper's metric), EM / F1 = SQuAD exact match / token F1, Acc = yes/no accuracy on yes/no sets and "
+           "F1-recall = 1 elsewhere, R@k = gold evidence found among the retrieved hits, Route = retrieval steps sent "
+           "to the gold KB.", ""]
+    out += ["| dataset | group | loader | questions | status |", "|---|---|---|---:|---|"]
+    for ds in loaded:
+        out.append(f"| {ds.spec.name} | {ds.group} | {ds.spec.loader} | {len(ds.questions)} | "
+                   f"{'skipped: ' + ds.skipped if ds.skipped else 'run'} |")
+    names = list(per_ds)
+    out += ["", "## Main table (macro average over datasets)", ""]
+    keys = [("answer/f1_recall", d) for d in names]
+    header = ["method", *[f"{d} F1-R" for d in names], "avg F1-R", "avg EM", "avg F1", "avg Acc", "avg R@k", "avg Route"]
+    summary = ["answer/f1_recall", "answer/em", "answer/token_f1", "answer/acc", "retrieval/recall@k", "routing/accuracy"]
+    values = [[per_ds[d][m].get(k) for k, d in keys] + [macro[m].get(k) for k in summary] for m in methods]
+    rows = [[m, *[_fmt("answer/f1_recall", v) for v in vals]] for m, vals in zip(methods, values, strict=True)]
+    out.append(markdown_table(header, rows, [True] * len(values[0]), values) if methods else "(no methods)")
+    for group, ds_names in groups.items():
+        out += ["", f"## {group}", ""]
+        cols = [(d, k, label) for d in ds_names for k, label in QUALITY
+                if any(k in per_ds[d][m] for m in methods)]
+        header = ["method", *[f"{d} {label}" for d, _, label in cols]]
+        values = [[per_ds[d][m].get(k) for d, k, _ in cols] for m in methods]
+        rows = [[m, *[_fmt(k, v) for (_, k, _), v in zip(cols, vals, strict=True)]] for m, vals in zip(methods, values, strict=True)]
+        out.append(markdown_table(header, rows, [True] * len(cols), values))
+    out += ["", "## Cost per question (macro average; latency = lockstep batch wall time ÷ batch size)", ""]
+    values = [[macro[m].get(k) for k, _ in COST] for m in methods]
+    rows = [[m, *[_fmt(k, v) for (k, _), v in zip(COST, vals, strict=True)]] for m, vals in zip(methods, values, strict=True)]
+    out.append(markdown_table(["method", *[label for _, label in COST]], rows))
+    if plots:
+        out += ["", "## Plots", ""] + [f"![{p}]({p})" for p in plots]
+    out += ["", "Per-question predictions with their trajectories: `predictions.jsonl`; all figures: `results.json`.", ""]
+    return "\n".join(out)
+
+
+def write_plots(results: dict, groups: dict[str, list[str]], out_dir: Path, plot_method: str) -> list[str]:
+    """KB chosen per step per group (the paper's fig. 3), steps per question, accuracy vs retrievals."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        logger.warning("matplotlib is not installed; no plots (pip install matplotlib)")
+        return []
+    macro = results["macro"]
+    methods = [m for m in results["methods"] if "answer/f1_recall" in macro[m]]  # methods with predictions
+    written = []
+    routing = results["routing_by_step"]
+    shown = plot_method if any(plot_method in routing[g] for g in routing) else next(
+        (m for g in routing for m in routing[g]), None)
+    if shown and groups:
+        fig, axes = plt.subplots(1, len(groups), figsize=(4.2 * len(groups), 3.6), squeeze=False, sharey=True)
+        kbs = sorted({kb for g in routing for step in routing[g].get(shown, []) for kb in step})
+        colors = {kb: plt.cm.tab10(i % 10) for i, kb in enumerate(kbs)}
+        for ax, group in zip(axes[0], groups, strict=True):
+            steps = routing[group].get(shown, [])
+            n = sum(results["datasets"][d]["n"] for d in groups[group])
+            bottom = [0.0] * len(steps)
+            for kb in kbs:
+                vals = [100 * s.get(kb, 0) / max(n, 1) for s in steps]
+                ax.bar(range(1, len(steps) + 1), vals, bottom=bottom, label=kb, color=colors[kb])
+                bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+            ax.set_title(f"{group} ({n} q)")
+            ax.set_xlabel("step")
+            ax.set_xticks(range(1, len(steps) + 1))
+        axes[0][0].set_ylabel("% of questions")
+        axes[0][-1].legend(fontsize=7, loc="upper right")
+        fig.suptitle(f"KB chosen at each step ({shown}); none = stopped to answer, format_error = malformed plan")
+        fig.tight_layout()
+        fig.savefig(out_dir / "routing_by_step.png", dpi=110)
+        plt.close(fig)
+        written.append("routing_by_step.png")
+    if methods and groups:
+        fig, ax = plt.subplots(figsize=(max(6, 0.7 * len(methods) * max(1, len(groups)) / 2), 3.8))
+        width = 0.8 / len(groups)
+        for gi, group in enumerate(groups):
+            vals = [results["per_group"][group][m].get("cost/steps", 0.0) for m in methods]
+            ax.bar([i + gi * width for i in range(len(methods))], vals, width, label=group)
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(methods))])
+        ax.set_xticklabels(methods, rotation=35, ha="right", fontsize=8)
+        ax.set_ylabel("retrieval steps / question")
+        ax.set_title("Steps per question, by method and dataset group")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out_dir / "steps_per_question.png", dpi=110)
+        plt.close(fig)
+        written.append("steps_per_question.png")
+        fig, ax = plt.subplots(figsize=(6, 4.2))
+        for i, m in enumerate(methods):
+            x, y = macro[m].get("cost/searches", 0.0), 100 * macro[m].get("answer/f1_recall", 0.0)
+            ax.scatter([x], [y], s=40)
+            # staggered labels, so methods at the same point stay readable
+            ax.annotate(m, (x, y), fontsize=7, xytext=(4, 4 - 9 * (i % 4)), textcoords="offset points")
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel("KB searches / question (macro average)")
+        ax.set_ylabel("F1-recall ×100 (macro average)")
+        ax.set_title("Accuracy vs number of retrievals")
+        fig.tight_layout()
+        fig.savefig(out_dir / "accuracy_vs_retrievals.png", dpi=110)
+        plt.close(fig)
+        written.append("accuracy_vs_retrievals.png")
+    return written

@@ -1,0 +1,99 @@
+"""Methods over the fake policy and KBs: what each one retrieves and answers, the router parser, random routing."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.loop import AgentConfig, Question
+from eval.methods import (
+    MethodContext,
+    RandomRoutePolicy,
+    available_methods,
+    parse_route,
+    resolve_methods,
+)
+from tests.eval.conftest import QUESTIONS, FakePolicy
+
+QS = [Question(id=q["id"], question=q["question"], answers=tuple(q["answers"])) for q in QUESTIONS]
+
+
+@pytest.fixture
+def ctx(fake_kbs) -> MethodContext:
+    return MethodContext(FakePolicy(), fake_kbs, AgentConfig(max_steps=2, max_retries=0), seed=0, k_per_kb=1)
+
+
+@pytest.mark.parametrize(
+    ("method", "first_kb", "steps", "answer_q1"),
+    [
+        ("no_retrieval", None, 0, "unknown"),  # nothing retrieved, nothing known
+        ("rag_wiki", "wiki", 1, "Paris"),  # one search in the named KB
+        ("rag_all", "all", 1, "Paris"),  # one search of every KB
+        ("ircot", "all", 1, "Paris"),  # first sentence already says "the answer is": no second search
+        ("iter_retgen", "all", 2, "Paris"),  # max_steps rounds, always
+        ("router", "wiki", 1, "Paris"),  # the fake router always picks Text KB
+        ("agent", "wiki", 2, "Paris"),  # one search, then a None plan (the stop step)
+    ],
+)
+def test_methods_on_fake_parts(ctx: MethodContext, method: str, first_kb: str | None, steps: int,
+                               answer_q1: str) -> None:
+    trajs = available_methods(["wiki", "tables"])[method](QS, ctx)
+    assert [t.id for t in trajs] == [q.id for q in QS]  # one per question, in order
+    t = trajs[0]
+    assert len(t.steps) == steps and t.final_answer == answer_q1
+    assert (t.steps[0].kb if t.steps else None) == first_kb
+    assert t.metadata["completion_tokens"] > 0 and "searches" in t.metadata
+
+
+def test_methods_batch_generation_in_lockstep(fake_kbs) -> None:
+    # each stage is one generate() call for the whole batch, whatever the batch size
+    calls: list[int] = []
+
+    class Counting(FakePolicy):
+        def generate(self, conversations, params):
+            calls.append(len(conversations))
+            return super().generate(conversations, params)
+
+    ctx = MethodContext(Counting(), fake_kbs, AgentConfig(max_steps=2, max_retries=0))
+    available_methods(["wiki"])["agent"](QS, ctx)
+    assert calls[0] == len(QS) and len(calls) == 4  # plan, answer, plan (all stop), final
+
+
+def test_random_routing_is_seeded_and_keeps_none(fake_kbs) -> None:
+    names = list(fake_kbs)
+    wrapped = RandomRoutePolicy(FakePolicy(), names, seed=3)
+    from agent.backends.base import SamplingParams
+
+    conv = [{"role": "system", "content": "Knowledge bases you can search"},
+            {"role": "user", "content": "Original question: what?\nWhat is the next step?"}]
+    params = SamplingParams(max_new_tokens=8, stop=("</ret>",))
+    first = wrapped.generate([conv], params)[0]
+    assert first.text == wrapped.generate([conv], params)[0].text  # same conversation, same draw
+    assert any(f"<ret>{n}</ret>" in first.text for n in names)
+    stop = [{"role": "system", "content": "Knowledge bases you can search"},
+            {"role": "user", "content": "Original question: what?\nSub-question 1: a\nAnswer 1: b\n"}]
+    assert "<ret>None</ret>" in wrapped.generate([stop], params)[0].text  # the stop decision is untouched
+    # over many questions, both KBs get drawn
+    drawn = {wrapped.generate([[conv[0], {"role": "user", "content": f"Original question: q{i}"}]], params)[0].text
+             for i in range(20)}
+    assert all(any(f"<ret>{n}</ret>" in t for t in drawn) for n in names)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("<ret>Text KB</ret>", "Text KB"),  # exact
+        ("<RET> table kb </RET>", "Table KB"),  # case-insensitive, spaces
+        ("<ret>None</ret>", None),  # no retrieval
+        ("I would use the Table KB here", "Table KB"),  # untagged: a name inside the text
+        ("<ret>Video KB</ret>", None),  # not a configured KB
+    ],
+)
+def test_parse_route(text: str, expected: str | None) -> None:
+    assert parse_route(text, ["Text KB", "Table KB"]) == expected
+
+
+def test_resolve_methods() -> None:
+    assert resolve_methods(["single_kb", "agent", "agent"], ["wiki", "tables"]) == ["rag_wiki", "rag_tables", "agent"]
+    assert resolve_methods(["agent_sft"], ["wiki"], checkpoints=["agent_sft"]) == ["agent_sft"]
+    with pytest.raises(ValueError, match=r"unknown method 'rag_images'; valid methods: .*rag_wiki.*single_kb"):
+        resolve_methods(["rag_images"], ["wiki"])
