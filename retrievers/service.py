@@ -1,0 +1,399 @@
+"""A shared retrieval service: loaded KBs behind one HTTP batch-search endpoint (`kbrouter serve-retrieval`).
+
+RL rollouts, synthesis and eval on many workers share one set of loaded indexes instead of each process loading
+its own. Queries that arrive close together are encoded together: each KB has a micro-batcher that collects
+queries for up to `max_wait_ms` (or `max_batch` queries), then makes one `search` call per (KB, k).
+
+Endpoints::
+
+    POST /search   {"queries": [{"kb": "text", "text": "...", "image": null, "k": 5}, ...]}
+                   -> {"results": [[Hit.to_dict(), ...], ...]}   (one list per query, in order)
+    GET  /kbs      the served KBs and their default k
+    GET  /health   {"status": "ok", ...}
+    GET  /metrics  request counts by status, per-KB query counts and p50/p99 latency, batch sizes
+
+Bad requests get a 4xx with a message (413 body too large, 422 malformed or out of bounds, 404 unknown KB);
+the service keeps serving. Run it (CPU or GPU, whatever the KBs use)::
+
+    kbrouter serve-retrieval --kb configs/kb/demo.yaml --host 127.0.0.1 --port 8765
+    python -m retrievers.service --kb configs/kb/demo.yaml --port 8765 --record runs/snapshot.jsonl
+
+and point a KB at it with `options: {remote: http://127.0.0.1:8765}` (see `retrievers.remote`).
+"""
+
+# No `from __future__ import annotations`: FastAPI must resolve the `Request` annotation of the handlers.
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from retrievers.types import Hit, Query, Retriever
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ServiceConfig:
+    """Bounds and batching of the retrieval service."""
+
+    max_body_bytes: int = field(default=1 << 20, metadata={"help": "Largest request body accepted (413 above)."})
+    max_queries: int = field(default=512, metadata={"help": "Most queries in one request."})
+    max_text_chars: int = field(default=4096, metadata={"help": "Longest query text accepted."})
+    max_k: int = field(default=100, metadata={"help": "Largest k accepted."})
+    max_batch: int = field(default=256, metadata={"help": "Most queries encoded in one micro-batch."})
+    max_wait_ms: float = field(default=5.0, metadata={"help": "How long a micro-batch waits for more queries."})
+    max_pending: int = field(default=8192, metadata={"help": "Queued queries per KB before answering 503."})
+    latency_window: int = field(default=10000, metadata={"help": "Latencies kept per KB for p50/p99."})
+
+    def __post_init__(self) -> None:
+        for key in ("max_body_bytes", "max_queries", "max_text_chars", "max_k", "max_batch", "max_pending"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"ServiceConfig `{key}` must be a positive integer, got {value!r}")
+        if self.max_wait_ms < 0:
+            raise ValueError(f"ServiceConfig `max_wait_ms` must be >= 0, got {self.max_wait_ms!r}")
+
+
+class RequestError(Exception):
+    """A request the service rejects; `status` is the HTTP code (4xx) and the message says what to fix."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def parse_search_request(body: bytes, kbs: dict[str, Retriever], default_k: dict[str, int], cfg: ServiceConfig):
+    """Validate a /search body into `[(kb, Query, k), ...]`; raises `RequestError` naming the first problem."""
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RequestError(400, f"body is not valid JSON: {e}") from e
+    if not isinstance(data, dict) or not isinstance(data.get("queries"), list):
+        raise RequestError(422, 'expected {"queries": [{"kb": ..., "text": ..., "k": ...}, ...]}')
+    unknown_top = sorted(set(data) - {"queries"})
+    if unknown_top:
+        raise RequestError(422, f"unknown top-level key(s) {unknown_top}; only `queries` is read")
+    queries = data["queries"]
+    if not queries:
+        raise RequestError(422, "`queries` is empty; send at least one query")
+    if len(queries) > cfg.max_queries:
+        raise RequestError(422, f"{len(queries)} queries in one request; at most {cfg.max_queries} (split it)")
+    out = []
+    for i, q in enumerate(queries):
+        where = f"queries[{i}]"
+        if not isinstance(q, dict):
+            raise RequestError(422, f"{where}: expected an object, got {type(q).__name__}")
+        unknown = sorted(set(q) - {"kb", "text", "image", "k"})
+        if unknown:
+            raise RequestError(422, f"{where}: unknown key(s) {unknown}; valid: kb, text, image, k")
+        kb, text, image, k = q.get("kb"), q.get("text"), q.get("image"), q.get("k")
+        if not isinstance(kb, str):
+            raise RequestError(422, f"{where}.kb: expected a string KB name, got {kb!r}")
+        if kb not in kbs:
+            raise RequestError(404, f"{where}.kb: unknown KB {kb!r}; served KBs: {sorted(kbs)}")
+        if not isinstance(text, str):
+            raise RequestError(422, f"{where}.text: expected a string, got {type(text).__name__}")
+        if not text.strip():
+            raise RequestError(422, f"{where}.text is empty; send a non-empty query (or skip it client-side)")
+        if len(text) > cfg.max_text_chars:
+            raise RequestError(422, f"{where}.text has {len(text)} characters; at most {cfg.max_text_chars}")
+        if image is not None and not isinstance(image, str):
+            raise RequestError(422, f"{where}.image: expected a path string or null, got {type(image).__name__}")
+        if k is None:
+            k = default_k.get(kb, 5)
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= cfg.max_k:
+            raise RequestError(422, f"{where}.k: expected an integer in [1, {cfg.max_k}], got {k!r}")
+        out.append((kb, Query(text=text, image=image), k))
+    return out
+
+
+class KBStats:
+    """Rolling per-KB counters: queries served, errors, latencies (enqueue to answer) and batch sizes."""
+
+    def __init__(self, window: int) -> None:
+        self.queries = 0
+        self.errors = 0
+        self.batches = 0
+        self.latencies_ms: collections.deque[float] = collections.deque(maxlen=window)
+        self.batch_sizes: collections.deque[int] = collections.deque(maxlen=window)
+
+    def snapshot(self) -> dict:
+        lat = np.asarray(self.latencies_ms, dtype=np.float64)
+        sizes = np.asarray(self.batch_sizes, dtype=np.float64)
+        return {
+            "queries": self.queries,
+            "errors": self.errors,
+            "batches": self.batches,
+            "latency_ms_p50": round(float(np.percentile(lat, 50)), 3) if lat.size else None,
+            "latency_ms_p99": round(float(np.percentile(lat, 99)), 3) if lat.size else None,
+            "batch_size_mean": round(float(sizes.mean()), 2) if sizes.size else None,
+            "batch_size_max": int(sizes.max()) if sizes.size else None,
+        }
+
+
+class MicroBatcher:
+    """Collects queries for one KB and answers them with as few `search` calls as possible.
+
+    The first query of a batch waits at most `max_wait_ms` for company; a batch holds at most `max_batch`
+    queries. Queries with different k are searched in separate calls, so every answer equals what
+    `retriever.search([q], k)` returns in-process.
+    """
+
+    def __init__(self, name: str, retriever: Retriever, cfg: ServiceConfig, stats: KBStats) -> None:
+        self.name = name
+        self.retriever = retriever
+        self.cfg = cfg
+        self.stats = stats
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"batcher-{self.name}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def submit(self, query: Query, k: int) -> asyncio.Future:
+        if self.queue.qsize() >= self.cfg.max_pending:
+            raise RequestError(503, f"KB {self.name!r} has {self.queue.qsize()} queries queued; retry later")
+        fut = asyncio.get_running_loop().create_future()
+        self.queue.put_nowait((query, k, fut, time.perf_counter()))
+        return fut
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = [await self.queue.get()]
+            deadline = loop.time() + self.cfg.max_wait_ms / 1000
+            while len(batch) < self.cfg.max_batch:
+                timeout = deadline - loop.time()
+                try:
+                    batch.append(
+                        self.queue.get_nowait() if timeout <= 0 else await asyncio.wait_for(self.queue.get(), timeout)
+                    )
+                except (asyncio.QueueEmpty, asyncio.TimeoutError):
+                    break
+            batch = [item for item in batch if not item[2].done()]  # drop queries whose request went away
+            by_k: dict[int, list] = {}
+            for item in batch:
+                by_k.setdefault(item[1], []).append(item)
+            for k, items in by_k.items():
+                try:
+                    results = await asyncio.to_thread(self.retriever.search, [it[0] for it in items], k)
+                except Exception as e:  # a failing search fails these queries, not the service
+                    logger.exception("search failed on KB %s", self.name)
+                    self.stats.errors += len(items)
+                    for it in items:
+                        if not it[2].done():
+                            it[2].set_exception(RuntimeError(f"search failed on KB {self.name!r}: {e}"))
+                    continue
+                now = time.perf_counter()
+                self.stats.batches += 1
+                self.stats.batch_sizes.append(len(items))
+                for it, hits in zip(items, results, strict=True):
+                    self.stats.queries += 1
+                    self.stats.latencies_ms.append((now - it[3]) * 1000)
+                    if not it[2].done():
+                        it[2].set_result(hits)
+
+
+async def _read_body(request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise RequestError(413, f"request body of {declared} bytes is over the limit of {limit}; split the batch")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise RequestError(413, f"request body is over the limit of {limit} bytes; split the batch")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def create_app(
+    kbs: dict[str, Retriever],
+    config: ServiceConfig | None = None,
+    kb_info: dict[str, dict] | None = None,
+):
+    """The FastAPI app serving `kbs` (name -> retriever).
+
+    Args:
+        kbs: loaded retrievers by KB name (what clients send as `kb`).
+        config: bounds and batching; defaults to `ServiceConfig()`.
+        kb_info: optional facts per KB for GET /kbs (e.g. display_name, kind, k); `k` is the default k.
+    """
+    try:
+        from fastapi import FastAPI, Request
+        from fastapi.responses import JSONResponse
+    except ImportError as e:
+        raise ImportError("the retrieval service needs FastAPI and uvicorn: pip install fastapi uvicorn") from e
+
+    cfg = config or ServiceConfig()
+    info = {name: dict((kb_info or {}).get(name, {})) for name in kbs}
+    default_k = {name: int(info[name].get("k", 5)) for name in kbs}
+    stats = {name: KBStats(cfg.latency_window) for name in kbs}
+    status_counts: collections.Counter[int] = collections.Counter()
+    request_ms: collections.deque[float] = collections.deque(maxlen=cfg.latency_window)
+    batchers: dict[str, MicroBatcher] = {}
+    started = time.time()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        for name, retriever in kbs.items():
+            batchers[name] = MicroBatcher(name, retriever, cfg, stats[name])
+            batchers[name].start()
+        logger.info("serving KBs %s with %s", sorted(kbs), asdict(cfg))
+        yield
+        for b in batchers.values():
+            await b.stop()
+
+    app = FastAPI(title="kbrouter retrieval service", lifespan=lifespan)
+
+    def reply(status: int, payload: dict) -> JSONResponse:  # counts /search answers by status
+        status_counts[status] += 1
+        return JSONResponse(payload, status_code=status)
+
+    @app.post("/search")
+    async def search(request: Request) -> JSONResponse:
+        t0 = time.perf_counter()
+        try:
+            body = await _read_body(request, cfg.max_body_bytes)
+            parsed = parse_search_request(body, kbs, default_k, cfg)
+            futures = [batchers[kb].submit(q, k) for kb, q, k in parsed]
+        except RequestError as e:
+            return reply(e.status, {"error": e.message})
+        try:
+            results: list[list[Hit]] = await asyncio.gather(*futures)
+        except RuntimeError as e:
+            for f in futures:
+                f.cancel()
+            return reply(500, {"error": str(e)})
+        request_ms.append((time.perf_counter() - t0) * 1000)
+        return reply(200, {"results": [[h.to_dict() for h in hits] for hits in results]})
+
+    @app.get("/kbs")
+    async def list_kbs() -> JSONResponse:
+        return JSONResponse({"kbs": [{"name": n, **info[n], "k": default_k[n]} for n in kbs]})
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        alive = all(b._task is not None and not b._task.done() for b in batchers.values())
+        payload = {
+            "status": "ok" if alive else "degraded",
+            "kbs": sorted(kbs),
+            "uptime_s": round(time.time() - started, 1),
+        }
+        return JSONResponse(payload, status_code=200 if alive else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> JSONResponse:
+        lat = np.asarray(request_ms, dtype=np.float64)
+        return JSONResponse(
+            {
+                "requests": {str(code): n for code, n in sorted(status_counts.items())},
+                "request_latency_ms_p50": round(float(np.percentile(lat, 50)), 3) if lat.size else None,
+                "request_latency_ms_p99": round(float(np.percentile(lat, 99)), 3) if lat.size else None,
+                "kbs": {name: s.snapshot() for name, s in stats.items()},
+                "config": asdict(cfg),
+            },
+        )
+
+    return app
+
+
+@contextlib.contextmanager
+def serve_in_thread(app, host: str = "127.0.0.1", port: int = 0, timeout: float = 30.0) -> Iterator[str]:
+    """Run `app` under uvicorn in a background thread; yields its base URL and stops it on exit.
+
+    Port 0 picks a free port. Meant for tests and benchmarks; production runs `main`.
+    """
+    import socket
+
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"retrieval service did not start on {host}:{sock.getsockname()[1]}")
+        time.sleep(0.01)
+    try:
+        yield f"http://{host}:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout)
+        sock.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`kbrouter serve-retrieval`: load the KBs of a YAML file and serve them over HTTP until interrupted."""
+    parser = argparse.ArgumentParser(prog="kbrouter serve-retrieval", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--kb", required=True, help="KB YAML file (knowledge_bases: [...]); indexes must be built")
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="serve only these KBs (by name)")
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (default loopback)")
+    parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--build", action="store_true", help="build missing or stale indexes before serving")
+    parser.add_argument("--record", metavar="JSONL", help="record every (query -> hits) answer to this snapshot")
+    parser.add_argument("--replay", metavar="JSONL", help="serve answers from a snapshot instead of the indexes")
+    for f in ("max_body_bytes", "max_queries", "max_k", "max_batch", "max_wait_ms"):
+        default = ServiceConfig.__dataclass_fields__[f].default
+        parser.add_argument("--" + f.replace("_", "-"), type=type(default), default=default)
+    parser.add_argument("--log-level", default="info")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+
+    import uvicorn
+
+    from retrievers.config import load_kb_configs
+    from retrievers.kb import build_kb, load_kb
+    from retrievers.replay import Recording, Replay
+
+    configs = load_kb_configs(args.kb)
+    if args.only:
+        unknown = sorted(set(args.only) - {c.name for c in configs})
+        if unknown:
+            parser.error(f"--only: unknown KB name(s) {unknown}; {args.kb} declares {[c.name for c in configs]}")
+        configs = [c for c in configs if c.name in args.only]
+    kbs: dict[str, Retriever] = {}
+    for c in configs:
+        if args.replay:
+            kbs[c.name] = Replay(args.replay, c.name)
+            continue
+        if args.build:
+            build_kb(c)
+        kbs[c.name] = load_kb(c)
+        if args.record:
+            kbs[c.name] = Recording(kbs[c.name], args.record, c.name)
+    info = {
+        c.name: {"display_name": c.display_name, "kind": c.kind, "granularity": c.granularity, "k": c.k}
+        for c in configs
+    }
+    cfg = ServiceConfig(
+        **{f: getattr(args, f) for f in ("max_body_bytes", "max_queries", "max_k", "max_batch", "max_wait_ms")}
+    )
+    app = create_app(kbs, cfg, info)
+    logger.info("retrieval service on http://%s:%d (KBs: %s)", args.host, args.port, ", ".join(kbs))
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level.lower(), access_log=False)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
