@@ -42,6 +42,10 @@ class AgentConfig:
     seed: int | None = None
     require_think: bool = field(default=True, metadata={"help": "a missing <think> is a format error"})
     few_shot: bool = field(default=True, metadata={"help": "show a worked example before each step (untrained policies)"})
+    retry_temperature: float = field(
+        default=0.0, metadata={"help": "sampling temperature of re-asks (0 = as the first ask); a greedy re-ask often "
+                                       "repeats its reply, but sampling did not help SmolLM2-135M on the demo"}
+    )
 
     def __post_init__(self) -> None:
         if self.max_steps < 0:
@@ -120,6 +124,9 @@ class StepAgent:
         for attempt in range(self.config.max_retries + 1):
             if not pending:
                 break
+            if attempt > 0 and self.config.retry_temperature > params.temperature:
+                seed = None if params.seed is None else params.seed + 1000 * attempt
+                params = replace(params, temperature=self.config.retry_temperature, seed=seed)
             try:
                 outs: list[Completion] = self.policy.generate([convs[i] for i in pending], params)
             except BackendError as e:

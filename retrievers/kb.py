@@ -18,10 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from retrievers.config import KBConfig
+from retrievers.image import build_image_kb, load_image_kb
 from retrievers.store import IndexedRetriever
 from retrievers.table import build_table_index
 from retrievers.text import build_text_index
 from retrievers.types import Retriever
+from retrievers.video import build_clip_kb, build_video_kb, load_clip_kb, load_video_kb
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +46,9 @@ class KBKind:
 KB_KINDS: dict[str, KBKind] = {
     "text": KBKind(build_text_index, IndexedRetriever.load, ("paragraph", "document"), "hybrid"),
     "table": KBKind(build_table_index, IndexedRetriever.load, ("table",), "hybrid"),
+    "image": KBKind(build_image_kb, load_image_kb, ("image",), "dense"),
+    "clip": KBKind(build_clip_kb, load_clip_kb, ("clip",), "dense"),
+    "video": KBKind(build_video_kb, load_video_kb, ("video",), "dense"),
 }
 
 # Manifest fields that must match the config for an index to be reused; query-time settings (k, nprobe,
@@ -143,6 +148,8 @@ def build_kb(cfg: KBConfig, force: bool = False, progress: bool = True) -> Path:
 def build_kb_status(cfg: KBConfig, force: bool = False, progress: bool = True) -> tuple[Path, dict, bool]:
     """Like `build_kb`, also returning the manifest and whether the index was reused (True) or built."""
     index_dir = Path(cfg.index_dir)
+    if "remote" in cfg.options:  # served by `kbrouter serve-retrieval`: nothing to build here
+        return index_dir, {"doc_count": 0, "dim": 0, "remote": cfg.options["remote"]}, True
     manifest = read_manifest(index_dir)
     if manifest is not None and not force:
         mismatches = manifest_mismatches(cfg, manifest)
@@ -187,6 +194,10 @@ def load_kb(cfg: KBConfig) -> Retriever:
         ValueError: the index was built from another encoder, corpus or settings; the message lists the
             differences and the rebuild command.
     """
+    if "remote" in cfg.options:  # one line of YAML switches a KB to the shared retrieval service
+        from retrievers.remote import remote_kb_from_config
+
+        return remote_kb_from_config(cfg)
     index_dir = Path(cfg.index_dir)
     manifest = read_manifest(index_dir)
     if manifest is None:

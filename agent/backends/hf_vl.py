@@ -33,6 +33,7 @@ from retrievers.types import Hit
 
 logger = logging.getLogger(__name__)
 
+TINY_VL = "tiny-qwen2.5-vl"  # alias: the tiny random Qwen2.5-VL, built offline into the cache on first use
 DEFAULT_MIN_PIXELS = 28 * 28 * 4  # Qwen2.5-VL: 28x28 pixels per visual token after the 2x2 merge
 DEFAULT_MAX_PIXELS = 28 * 28 * 256  # <= 256 visual tokens per image keeps a 3-step context small
 
@@ -61,7 +62,9 @@ def _budget(messages: list[Message], max_images: int) -> tuple[list[Message], li
     return out, kept, dropped
 
 
-def evidence_image_paths(hits: Sequence[Hit], max_images: int, frame_dir: str | os.PathLike | None = None) -> list[str]:
+def evidence_image_paths(
+    hits: Sequence[Hit], max_images: int, frame_dir: str | os.PathLike | None = None
+) -> list[str]:
     """Image paths for the pixels behind hits: the image of an image hit, a middle frame of a clip or video hit.
 
     Frames are written once as JPEGs under `frame_dir` (default `$KBROUTER_CACHE/frames`) so they can be
@@ -111,12 +114,23 @@ def add_evidence_images(messages: list[Message], hits: Sequence[Hit], max_images
     return [*messages[:-1], new]
 
 
+def is_vision_language_model(path: str | os.PathLike) -> bool:
+    """Whether a local model folder is a chat VLM (its config has a `vision_config`); hub names are not inspected."""
+    config = Path(path) / "config.json"
+    if not config.is_file():
+        return False
+    import json
+
+    return "vision_config" in json.loads(config.read_text())
+
+
 class VisionLanguagePolicy:
     """Batched generation with a chat VLM through `AutoProcessor` and `AutoModelForImageTextToText`.
 
     Args:
         model: a local folder or hub name (e.g. `Qwen/Qwen2.5-VL-7B-Instruct`, or a folder written by
-            `agent.backends.tiny_vl.build_tiny_qwen2_5_vl`).
+            `agent.backends.tiny_vl.build_tiny_qwen2_5_vl`), or the alias `tiny-qwen2.5-vl` (random weights, for
+            smoke runs: the plumbing works, the answers are noise).
         dtype: `float32` (CPU), `bfloat16`/`float16` (GPU) or `auto`.
         device: `cpu`, `cuda`, ...; default picks CUDA when available.
         max_batch_size: conversations per `generate` call; larger batches are split.
@@ -142,7 +156,12 @@ class VisionLanguagePolicy:
             raise ValueError(f"max_images must be >= 0, got {max_images}")
         if not 0 < min_pixels <= max_pixels:
             raise ValueError(f"need 0 < min_pixels <= max_pixels, got {min_pixels} and {max_pixels}")
-        path = resolve_model(model)
+        if model.lower() == TINY_VL:
+            from agent.backends.tiny_vl import tiny_qwen2_5_vl_path
+
+            path = tiny_qwen2_5_vl_path()
+        else:
+            path = resolve_model(model)
         self.name = Path(path).name if Path(path).exists() else path
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.processor = AutoProcessor.from_pretrained(path)
@@ -183,7 +202,7 @@ class VisionLanguagePolicy:
         ready.sort(key=lambda r: len(r[1]) + 1000 * len(r[2]))
         for start in range(0, len(ready), self.max_batch_size):
             chunk = ready[start : start + self.max_batch_size]
-            for (i, _, images, dropped), c in zip(chunk, self._generate_chunk(chunk, params)):
+            for (i, _, images, dropped), c in zip(chunk, self._generate_chunk(chunk, params), strict=True):
                 c.metadata.update(images=len(images), images_dropped=dropped)
                 out[i] = c
         return out  # type: ignore[return-value]
@@ -214,7 +233,7 @@ class VisionLanguagePolicy:
             output = self.model.generate(**enc, **gen_kwargs)
         new = output[:, enc["input_ids"].shape[1] :]
         completions = []
-        for row, mask in zip(new, enc["attention_mask"]):
+        for row, mask in zip(new, enc["attention_mask"], strict=True):
             n_tokens = int((row != self.tokenizer.pad_token_id).sum())
             text = self.tokenizer.decode(row, skip_special_tokens=True)
             finish = "length" if n_tokens >= params.max_new_tokens else "stop"

@@ -121,3 +121,10 @@ def build_tiny_qwen2_5_vl(out_dir: str | os.PathLike, seed: int = 0, force: bool
     tmp.rename(out)  # atomic: a half-written folder is never taken for a finished one
     logger.info("built tiny Qwen2.5-VL (%d params) in %s", sum(p.numel() for p in model.parameters()), out)
     return str(out)
+
+
+def tiny_qwen2_5_vl_path() -> str:
+    """The tiny Qwen2.5-VL in kbrouter's cache (`$KBROUTER_CACHE/models/tiny-qwen2.5-vl`), built on first use."""
+    from agent.backends.models import cache_dir
+
+    return build_tiny_qwen2_5_vl(cache_dir() / "models" / "tiny-qwen2.5-vl")

@@ -115,8 +115,8 @@ def test_missing_yaml(tmp_path):
 
 
 def test_direct_construction_validates(tmp_path):
-    with pytest.raises(ValueError, match="unknown `kind` 'video'"):
-        KBConfig(name="v", kind="video", corpus=tmp_path)
+    with pytest.raises(ValueError, match="unknown `kind` 'audio'"):
+        KBConfig(name="v", kind="audio", corpus=tmp_path)
 
 
 @pytest.mark.parametrize("name", ["demo.yaml", "shared_text.yaml", "shared_tables.yaml"])

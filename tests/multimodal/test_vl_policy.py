@@ -1,0 +1,109 @@
+"""The vision-language policy with a tiny random Qwen2.5-VL: images by path, the pixel budget, errors per item,
+evidence images, and data URLs for OpenAI-compatible servers."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import pytest
+
+from agent.backends.base import Policy, SamplingParams
+from agent.backends.hf_vl import add_evidence_images, evidence_image_paths
+from agent.backends.images import image_to_data_url
+from retrievers.types import Doc, Hit, Media
+
+from .conftest import DEMO
+
+IMAGES = sorted((DEMO / "images").glob("*.jpg"))
+PARAMS = SamplingParams(max_new_tokens=4)
+
+
+def user(*images, text="What is shown?"):
+    return [
+        {"role": "system", "content": "Answer briefly."},
+        {
+            "role": "user",
+            "content": [*({"type": "image", "image": str(p)} for p in images), {"type": "text", "text": text}],
+        },
+    ]
+
+
+def test_tiny_model_loads_as_a_policy(tiny_vl_policy):
+    assert isinstance(tiny_vl_policy, Policy)
+    assert tiny_vl_policy.tokenizer.padding_side == "left"
+
+
+def test_batch_with_images_budget_and_errors(tiny_vl_policy, tmp_path):
+    conversations = [
+        user(IMAGES[0]),  # one image
+        [{"role": "user", "content": "no image at all, plain text"}],  # text-only turn in the same batch
+        user(IMAGES[1], IMAGES[2], IMAGES[3]),  # three images, budget is 2: the last one is dropped
+        user(tmp_path / "missing.jpg"),  # unreadable image: this item fails, the others do not
+    ]
+    out = tiny_vl_policy.generate(conversations, PARAMS)
+    assert len(out) == 4
+    assert [c.metadata.get("images") for c in out[:3]] == [1, 0, 2]
+    assert out[2].metadata["images_dropped"] == 1
+    assert all(c.finish_reason in ("stop", "length") and c.completion_tokens > 0 for c in out[:3])
+    assert out[3].finish_reason == "error" and "missing.jpg" in out[3].metadata["error"]
+    # an image costs visual tokens in the prompt: more images, longer prompt
+    assert out[2].prompt_tokens > out[0].prompt_tokens > 0
+
+
+def test_pixel_budget_bounds_visual_tokens(tiny_vl_dir):
+    from agent.backends.hf_vl import VisionLanguagePolicy
+
+    small = VisionLanguagePolicy(tiny_vl_dir, min_pixels=28 * 28, max_pixels=28 * 28 * 4)
+    text, paths, dropped = small.render(user(IMAGES[0]))
+    assert paths == [str(IMAGES[0])] and dropped == 0
+    enc = small.processor(text=[text], images=[small._load(paths[0])], return_tensors="pt")
+    image_tokens = int((enc["input_ids"] == small.model.config.image_token_id).sum())
+    assert 1 <= image_tokens <= 4  # 28x28 pixels per token after the 2x2 merge, at most 4 tokens' worth
+    with pytest.raises(ValueError, match="min_pixels"):
+        VisionLanguagePolicy(tiny_vl_dir, min_pixels=100, max_pixels=10)
+
+
+def test_same_seed_same_sample(tiny_vl_policy):
+    params = SamplingParams(max_new_tokens=6, temperature=1.0, seed=3)
+    a = tiny_vl_policy.generate([user(IMAGES[0])], params)[0].text
+    b = tiny_vl_policy.generate([user(IMAGES[0])], params)[0].text
+    assert a == b
+
+
+def test_evidence_images(tmp_path, shared_data):
+    video = shared_data / "video" / "videos" / "pyscenedetect_testvideo.mp4"
+    hits = [
+        Hit(Doc("a", "caption", modality="image", media=Media(str(IMAGES[4]))), 0.9, 0, "image"),
+        Hit(Doc("b", "no pixels"), 0.8, 1, "text"),  # a text hit adds nothing
+        Hit(Doc("c", "clip", modality="video", media=Media(str(video), 2.0, 4.0)), 0.7, 2, "clip"),
+        Hit(Doc("d", "over budget", modality="image", media=Media(str(IMAGES[5]))), 0.6, 3, "image"),
+    ]
+    paths = evidence_image_paths(hits, max_images=2, frame_dir=tmp_path)
+    assert paths[0] == str(IMAGES[4])
+    assert paths[1].startswith(str(tmp_path)) and paths[1].endswith(".jpg")  # the clip's middle frame, cached
+    messages = add_evidence_images(user(IMAGES[0]), hits[:1], max_images=2)
+    parts = messages[-1]["content"]
+    assert [p["image"] for p in parts if p["type"] == "image"] == [str(IMAGES[0]), str(IMAGES[4])]  # question first
+    assert parts[-1]["type"] == "text"
+
+
+def test_image_to_data_url(tmp_path):
+    from PIL import Image
+
+    url = image_to_data_url(IMAGES[0], max_pixels=64 * 64)
+    assert url.startswith("data:image/jpeg;base64,")
+    image = Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1])))
+    assert image.size[0] * image.size[1] <= 64 * 64
+    assert image_to_data_url(IMAGES[0], fmt="png").startswith("data:image/png;base64,")
+    (tmp_path / "bad.jpg").write_text("not an image")
+    with pytest.raises(ValueError, match="bad.jpg"):
+        image_to_data_url(tmp_path / "bad.jpg")
+
+
+def test_is_vision_language_model(tiny_vl_dir, smollm2_dir, tmp_path):
+    from agent.backends.hf_vl import is_vision_language_model
+
+    assert is_vision_language_model(tiny_vl_dir)  # Qwen2.5-VL config has a vision_config
+    assert not is_vision_language_model(smollm2_dir)  # a text-only causal LM
+    assert not is_vision_language_model(tmp_path)  # no config.json at all
