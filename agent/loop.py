@@ -42,6 +42,9 @@ class AgentConfig:
     seed: int | None = None
     require_think: bool = field(default=True, metadata={"help": "a missing <think> is a format error"})
     few_shot: bool = field(default=True, metadata={"help": "show a worked example before each step (untrained policies)"})
+    evidence_images: int = field(
+        default=0, metadata={"help": "images/frames behind the hits shown to a VL policy in the answer step (0 = none)"}
+    )
     retry_temperature: float = field(
         default=0.0, metadata={"help": "sampling temperature of re-asks (0 = as the first ask); a greedy re-ask often "
                                        "repeats its reply, but sampling did not help SmolLM2-135M on the demo"}
@@ -150,6 +153,14 @@ class StepAgent:
             pending = retry
         return results
 
+    def _answer_messages(self, sub_question: str, hits: list[Hit], images: tuple[str, ...]) -> list[Message]:
+        msgs = answer_messages(sub_question, hits, images, self.config.few_shot)
+        if self.config.evidence_images:
+            from agent.backends.hf_vl import add_evidence_images  # pixels only matter to VL policies
+
+            msgs = add_evidence_images(msgs, hits, max_images=self.config.evidence_images)
+        return msgs
+
     def _emit(self, on_event: EventCallback | None, sid: str, event: str, payload: dict) -> None:
         if on_event is not None:
             on_event(sid, event, payload)
@@ -207,7 +218,7 @@ class StepAgent:
             t0 = time.perf_counter()
             answers = self._generate(
                 [s for s, *_ in ok],
-                [answer_messages(p.sub_question, h, s.q.images, cfg.few_shot) for s, p, _, h in ok],
+                [self._answer_messages(p.sub_question, h, s.q.images) for s, p, _, h in ok],
                 lambda text: parse_answer(text, require_think=cfg.require_think),
                 cfg.sampling(cfg.answer_tokens, ("</answer>",), salt=10 * step_i + 1),
             )

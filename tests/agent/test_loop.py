@@ -132,3 +132,36 @@ def test_prompts_list_configured_kbs_and_few_shot_uses_them():
 def test_agent_config_validation(bad):
     with pytest.raises(ValueError):
         AgentConfig(**bad)
+
+
+def test_evidence_images_reach_the_answer_step(tmp_path):
+    from PIL import Image
+
+    from retrievers.types import Doc, Hit, Media
+
+    img = tmp_path / "cat.png"
+    Image.new("RGB", (8, 8), "red").save(img)
+
+    class ImageKB:
+        def search(self, queries, k):
+            return [[Hit(Doc(id="i0", text="a red square", kb="image", modality="image", media=Media(str(img))),
+                         1.0, 0, "image")] for _ in queries]
+
+    seen = []
+
+    def script(conv):
+        seen.append(conv)
+        if "next step" in last_user_text(conv):
+            if "Sub-question 1" in last_user_text(conv):
+                return "<think>done</think><sub-question>None</sub-question><ret>None</ret>"
+            return "<think>look</think><sub-question>what colour?</sub-question><ret>Image Retriever</ret>"
+        return "<think>x</think><answer>red</answer>"
+
+    kb = {"Image Retriever": KnowledgeBase("image", "Image Retriever", ImageKB())}
+    t = StepAgent(ScriptedPolicy(script), kb, AgentConfig(few_shot=False, evidence_images=1)).run_batch(
+        [Question(id="a", question="q")]
+    )[0]
+    answer_conv = next(c for c in seen if "Evidence:" in last_user_text(c))
+    parts = answer_conv[-1]["content"]
+    assert {"type": "image", "image": str(img)} in parts  # the hit's pixels, referenced by path
+    assert t.steps[0].hits[0].doc.media.path == str(img)
