@@ -18,10 +18,12 @@ SHARED_Q = REPO.parent / "shared" / "data" / "text" / "questions.jsonl"
 
 
 def load_questions(n: int):  # noqa: ANN201
-    from agent.io import read_questions
+    from agent.io import iter_jsonl, question_from_row
 
     src = SHARED_Q if SHARED_Q.exists() else REPO / "data" / "demo" / "questions.jsonl"
-    qs = read_questions(src)
+    rows = list(iter_jsonl(src))
+    qs = [question_from_row({"id": r.get("id", r.get("qid")), "question": r["question"], "answers": r["answers"]})
+          for r in rows]
     while len(qs) < n:
         qs = qs + qs
     from dataclasses import replace

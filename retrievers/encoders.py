@@ -64,7 +64,7 @@ def normalize(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(norms, 1e-12)
 
 
-def _flagembedding_shim() -> None:
+def install_flagembedding_shim() -> None:
     # FlagEmbedding 1.4.2 eagerly imports rerankers that need a module removed in transformers 5; these four
     # names are all it touches at import time (env-probe §3). The rerankers stay unusable, the encoders work.
     name = "transformers.modeling_attn_mask_utils"
@@ -124,7 +124,7 @@ def load_encoder(
             return model.encode(texts, batch_size=batch_size, convert_to_numpy=True, show_progress_bar=False)
 
     elif backend == "flagembedding":
-        _flagembedding_shim()
+        install_flagembedding_shim()
         try:
             from FlagEmbedding import BGEM3FlagModel, FlagModel
         except ImportError as e:

@@ -10,8 +10,6 @@ local path or hub name. The paper's model is BGE-M3 (`backend: flagembedding`, `
 from __future__ import annotations
 
 import logging
-import sys
-import types
 from typing import Protocol
 
 import numpy as np
@@ -64,32 +62,6 @@ class SentenceTransformerEmbedder:
         return _normalize(vecs)
 
 
-def _install_flagembedding_shim() -> None:
-    """FlagEmbedding 1.4 imports a module transformers 5 removed; its dense encoders do not use it (env-probe §3)."""
-    name = "transformers.modeling_attn_mask_utils"
-    if name in sys.modules:
-        return
-    try:
-        __import__(name)
-        return
-    except ImportError:
-        pass
-
-    class _Unused:
-        def __init__(self, *args, **kwargs):
-            raise RuntimeError("FlagEmbedding shim: this transformers 4 helper is not available on transformers 5")
-
-    shim = types.ModuleType(name)
-    for attr in (
-        "AttentionMaskConverter",
-        "_prepare_4d_attention_mask",
-        "_prepare_4d_causal_attention_mask",
-        "_prepare_4d_causal_attention_mask_for_sdpa",
-    ):
-        setattr(shim, attr, _Unused)
-    sys.modules[name] = shim
-
-
 class FlagEmbedder:
     """BGE-M3 (or any FlagEmbedding encoder) dense vectors, as the paper's reward computes them."""
 
@@ -105,7 +77,9 @@ class FlagEmbedder:
 
     def encode(self, texts: list[str]) -> np.ndarray:
         if self._m is None:
-            _install_flagembedding_shim()
+            from retrievers.encoders import install_flagembedding_shim  # FlagEmbedding 1.4 on transformers 5
+
+            install_flagembedding_shim()
             try:
                 from FlagEmbedding import BGEM3FlagModel
             except ImportError as e:

@@ -9,21 +9,11 @@ import logging
 import statistics
 from collections import Counter
 
+from agent.backends.base import text_only
 from training.rewards import ANSWER, PLAN
 from training.step_data import StepRecord
 
 logger = logging.getLogger(__name__)
-
-
-def _text_messages(messages: list[dict]) -> list[dict]:
-    """Messages with string contents: image parts are dropped (images travel in the `images` column)."""
-    out = []
-    for m in messages:
-        content = m["content"]
-        if isinstance(content, list):
-            content = "\n".join(p["text"] for p in content if p.get("type") == "text")
-        out.append({"role": m["role"], "content": content})
-    return out
 
 
 def target_text(record: StepRecord) -> str:
@@ -109,7 +99,7 @@ def build_step_dataset(
     for r in records:
         if step_types and r.step_type not in step_types:
             continue
-        messages = _text_messages(r.messages)
+        messages = text_only(r.messages)  # images travel in the `images` column
         if max_prompt_tokens is not None:
             fitted = fit_prompt(messages, r.step_type, tokenizer, max_prompt_tokens)
             if fitted is None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from retrievers.encoders import _flagembedding_shim, load_encoder, normalize, resolve_encoder_path
+from retrievers.encoders import install_flagembedding_shim, load_encoder, normalize, resolve_encoder_path
 
 
 def test_minilm_resolves_to_bundled_folder():
@@ -41,7 +41,7 @@ def test_flagembedding_missing_gives_install_hint(monkeypatch):
 
 def test_flagembedding_shim_provides_the_four_names():
     # on transformers 5 the module is gone and the shim supplies it; on 4.x the real module already has the names
-    _flagembedding_shim()
+    install_flagembedding_shim()
     module = importlib.import_module("transformers.modeling_attn_mask_utils")
     for attr in ("AttentionMaskConverter", "_prepare_4d_attention_mask", "_prepare_4d_causal_attention_mask",
                  "_prepare_4d_causal_attention_mask_for_sdpa"):  # fmt: skip
