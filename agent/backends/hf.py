@@ -69,42 +69,41 @@ class TransformersPolicy:
         out: list[Completion | None] = [None] * len(prompts)
         for start in range(0, len(order), self.max_batch_size):
             idx = order[start : start + self.max_batch_size]
-            for i, c in zip(idx, self._generate_chunk([prompts[i] for i in idx], params)):
+            for i, c in zip(idx, self._generate_chunk([prompts[i] for i in idx], params), strict=True):
                 out[i] = c
         return out  # type: ignore[return-value]
 
     def _generate_chunk(self, prompts: list[str], params: SamplingParams) -> list[Completion]:
-        import torch
-
         enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
-        sample = params.temperature > 0
-        gen_kwargs: dict = {
-            "max_new_tokens": params.max_new_tokens,
-            "do_sample": sample,
-            "pad_token_id": self.tokenizer.pad_token_id,
-        }
-        if sample:
-            gen_kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k or None)
-        else:
-            gen_kwargs.update(temperature=None, top_p=None, top_k=None)
-        if params.stop:
-            gen_kwargs.update(stop_strings=list(params.stop), tokenizer=self.tokenizer)
-        if params.seed is not None:
-            torch.manual_seed(params.seed)
-        with torch.inference_mode():
-            output = self.model.generate(**enc, **gen_kwargs)
-        new = output[:, enc["input_ids"].shape[1] :]
-        completions = []
-        for row, mask in zip(new, enc["attention_mask"]):
-            n_tokens = int((row != self.tokenizer.pad_token_id).sum())
-            text = self.tokenizer.decode(row, skip_special_tokens=True)
-            finish = "length" if n_tokens >= params.max_new_tokens else "stop"
-            completions.append(
-                Completion(
-                    text=truncate_at_stop(text, params.stop),
-                    prompt_tokens=int(mask.sum()),
-                    completion_tokens=n_tokens,
-                    finish_reason=finish,
-                )
-            )
-        return completions
+        return generate_completions(self.model, self.tokenizer, enc, params)
+
+
+def generate_completions(model, tokenizer, enc, params: SamplingParams) -> list[Completion]:  # noqa: ANN001
+    """`model.generate` on an encoded, left-padded batch, decoded into completions; shared by the text and VL backends."""
+    import torch
+
+    sample = params.temperature > 0
+    gen_kwargs: dict = {"max_new_tokens": params.max_new_tokens, "do_sample": sample,
+                        "pad_token_id": tokenizer.pad_token_id}
+    if sample:
+        gen_kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k or None)
+    else:
+        gen_kwargs.update(temperature=None, top_p=None, top_k=None)
+    if params.stop:
+        gen_kwargs.update(stop_strings=list(params.stop), tokenizer=tokenizer)
+    if params.seed is not None:
+        torch.manual_seed(params.seed)
+    with torch.inference_mode():
+        output = model.generate(**enc, **gen_kwargs)
+    new = output[:, enc["input_ids"].shape[1] :]
+    completions = []
+    for row, mask in zip(new, enc["attention_mask"], strict=True):
+        n_tokens = int((row != tokenizer.pad_token_id).sum())
+        text = tokenizer.decode(row, skip_special_tokens=True)
+        completions.append(Completion(
+            text=truncate_at_stop(text, params.stop),
+            prompt_tokens=int(mask.sum()),
+            completion_tokens=n_tokens,
+            finish_reason="length" if n_tokens >= params.max_new_tokens else "stop",
+        ))  # fmt: skip
+    return completions

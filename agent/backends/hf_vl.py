@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from agent.backends.base import Completion, Message, SamplingParams
-from agent.backends.hf import truncate_at_stop
+from agent.backends.hf import generate_completions
 from agent.backends.models import resolve_model
 from retrievers.media import MediaError, fit_pixels, load_image
 from retrievers.types import Hit
@@ -208,42 +208,9 @@ class VisionLanguagePolicy:
         return out  # type: ignore[return-value]
 
     def _generate_chunk(self, chunk: list[tuple[int, str, list, int]], params: SamplingParams) -> list[Completion]:
-        import torch
-
         texts = [text for _, text, _, _ in chunk]
         images = [im for _, _, ims, _ in chunk for im in ims]
         enc = self.processor(
             text=texts, images=images or None, padding=True, return_tensors="pt", add_special_tokens=False
         ).to(self.device)
-        sample = params.temperature > 0
-        gen_kwargs: dict = {
-            "max_new_tokens": params.max_new_tokens,
-            "do_sample": sample,
-            "pad_token_id": self.tokenizer.pad_token_id,
-        }
-        if sample:
-            gen_kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k or None)
-        else:
-            gen_kwargs.update(temperature=None, top_p=None, top_k=None)
-        if params.stop:
-            gen_kwargs.update(stop_strings=list(params.stop), tokenizer=self.tokenizer)
-        if params.seed is not None:
-            torch.manual_seed(params.seed)
-        with torch.inference_mode():
-            output = self.model.generate(**enc, **gen_kwargs)
-        new = output[:, enc["input_ids"].shape[1] :]
-        completions = []
-        for row, mask in zip(new, enc["attention_mask"], strict=True):
-            n_tokens = int((row != self.tokenizer.pad_token_id).sum())
-            text = self.tokenizer.decode(row, skip_special_tokens=True)
-            finish = "length" if n_tokens >= params.max_new_tokens else "stop"
-            completions.append(
-                Completion(
-                    text=truncate_at_stop(text, params.stop),
-                    prompt_tokens=int(mask.sum()),
-                    completion_tokens=n_tokens,
-                    finish_reason=finish,
-                    metadata={},
-                )
-            )
-        return completions
+        return generate_completions(self.model, self.tokenizer, enc, params)

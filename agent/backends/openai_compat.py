@@ -8,7 +8,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from agent.backends.base import BackendError, Completion, Message, SamplingParams
+from agent.backends.base import Completion, Message, SamplingParams
 
 logger = logging.getLogger(__name__)
 
