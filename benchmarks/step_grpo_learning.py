@@ -84,7 +84,10 @@ def split_records(train_file: str, train_format: str, heldout: int, tmp: Path) -
     ids = list(dict.fromkeys(r.trajectory_id for r in records))
     held = set(ids[-heldout:])
     paths = []
-    for name, keep in (("train", lambda r: r.trajectory_id not in held), ("heldout", lambda r: r.trajectory_id in held)):
+    for name, keep in (
+        ("train", lambda r: r.trajectory_id not in held),
+        ("heldout", lambda r: r.trajectory_id in held),
+    ):
         path = tmp / f"{name}.jsonl"
         path.write_text("".join(json.dumps(r.to_dict()) + "\n" for r in records if keep(r)))
         paths.append(str(path))
@@ -116,7 +119,9 @@ def main(argv: list[str] | None = None) -> int:
                      "--save_strategy", "no", "--beta", "0.0", "--logging_steps", "1", "--format_gate", "false",
                      "--gradient_checkpointing", "false",
                      "--rewards", "[{name: ask, weight: 0.5}, {name: route, weight: 0.5}, {name: format, weight: 0.5}]"]  # fmt: skip
-    cfg = load_config("grpo", RECIPES / "smollm2_grpo_cpu.yaml", [*grpo_defaults, *overrides, "--output_dir", str(tmp / "grpo")])
+    cfg = load_config(
+        "grpo", RECIPES / "smollm2_grpo_cpu.yaml", [*grpo_defaults, *overrides, "--output_dir", str(tmp / "grpo")]
+    )
     train_file, heldout_file = split_records(cfg.train_file, cfg.train_format, args.heldout, tmp)
     cfg.train_file, cfg.train_format, cfg.eval_file = train_file, "steps", heldout_file
 
@@ -170,7 +175,9 @@ def main(argv: list[str] | None = None) -> int:
           f"({trainer.state.global_step * cfg.per_device_train_batch_size // cfg.num_generations} step prompts)")  # fmt: skip
     if rewards:
         k = max(1, len(rewards) // 3)
-        print(f"training-batch reward: first {k} steps {sum(rewards[:k]) / k:.3f}, last {k} {sum(rewards[-k:]) / k:.3f}")
+        print(
+            f"training-batch reward: first {k} steps {sum(rewards[:k]) / k:.3f}, last {k} {sum(rewards[-k:]) / k:.3f}"
+        )
 
     stages = list(scores)
     print(f"\n{'held-out mean':<22}" + "".join(f"{s:>10}" for s in stages) + f"{'GRPO gain':>11}")
