@@ -40,7 +40,13 @@ def main(argv: list[str] | None = None) -> int:
     from eval.config import load_eval_config
     from eval.runner import run_eval
 
+    # `--methods a b key=value`: argparse hands trailing overrides to the list option; take them back
     overrides = list(args.overrides)
+    for name in ("methods", "datasets"):
+        values = getattr(args, name)
+        if values:
+            overrides += [v for v in values if "=" in v]
+            setattr(args, name, [v for v in values if "=" not in v] or None)
     if args.output_dir:
         overrides.append(f"output_dir={args.output_dir}")
     if args.limit is not None:
