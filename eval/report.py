@@ -212,11 +212,14 @@ def write_plots(results: dict, groups: dict[str, list[str]], out_dir: Path, plot
         plt.close(fig)
         written.append("steps_per_question.png")
         fig, ax = plt.subplots(figsize=(6, 4.2))
-        for i, m in enumerate(methods):
-            x, y = macro[m].get("cost/searches", 0.0), 100 * macro[m].get("answer/f1_recall", 0.0)
+        points: dict[tuple[float, float], list[str]] = {}
+        for m in methods:
+            xy = (macro[m].get("cost/searches", 0.0), 100 * macro[m].get("answer/f1_recall", 0.0))
+            points.setdefault((round(xy[0], 2), round(xy[1], 1)), []).append(m)
+        for i, ((x, y), names) in enumerate(points.items()):
             ax.scatter([x], [y], s=40)
-            # staggered labels, so methods at the same point stay readable
-            ax.annotate(m, (x, y), fontsize=7, xytext=(4, 4 - 9 * (i % 4)), textcoords="offset points")
+            # one label per point (methods that tie share it), staggered so neighbouring labels stay readable
+            ax.annotate(", ".join(names), (x, y), fontsize=7, xytext=(4, 4 - 9 * (i % 3)), textcoords="offset points")
         ax.set_ylim(bottom=0)
         ax.set_xlabel("KB searches / question (macro average)")
         ax.set_ylabel("F1-recall ×100 (macro average)")
