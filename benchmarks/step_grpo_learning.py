@@ -14,7 +14,7 @@ Held-out prompts are the plan steps of the last `--heldout` trajectories of the 
 `--samples` sampled completions (temperature 1, same seed every time), scored by the GRPO recipe's rewards. The script
 prints the mean weighted step reward and each component (None rows left out) and the format-violation rate.
 
-    python benchmarks/step_grpo_learning.py                       # ~15-18 min on 2 quiet cores
+    python benchmarks/step_grpo_learning.py                       # ~15 min on 2 quiet cores (17 held-out prompts)
     python benchmarks/step_grpo_learning.py --minutes 4 --sft_steps 10 --learning_rate 3e-5
 
 Figures are noisy: a few dozen prompts, sampled completions, a 2-core machine. Read them as a sanity check.
@@ -96,11 +96,11 @@ def split_records(train_file: str, train_format: str, heldout: int, tmp: Path) -
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--minutes", type=float, default=8.0, help="Step-GRPO budget (wall clock)")
-    parser.add_argument("--sft_steps", type=int, default=12, help="SFT warm-start optimizer steps (0: none)")
-    parser.add_argument("--sft_learning_rate", type=float, default=5e-5)
-    parser.add_argument("--heldout", type=int, default=8, help="trajectories held out for evaluation")
-    parser.add_argument("--samples", type=int, default=4, help="sampled completions per held-out prompt")
+    parser.add_argument("--minutes", type=float, default=7.0, help="Step-GRPO budget (wall clock)")
+    parser.add_argument("--sft_steps", type=int, default=8, help="SFT warm-start optimizer steps (0: none)")
+    parser.add_argument("--sft_learning_rate", type=float, default=1e-4)
+    parser.add_argument("--heldout", type=int, default=6, help="trajectories held out for evaluation")
+    parser.add_argument("--samples", type=int, default=2, help="sampled completions per held-out prompt")
     parser.add_argument("--seed", type=int, default=0)
     args, overrides = parser.parse_known_args(argv)
 
