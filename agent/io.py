@@ -9,6 +9,7 @@ from pathlib import Path
 
 from agent.loop import Question
 from agent.types import Trajectory
+from retrievers.jsonl import iter_jsonl_objects
 
 
 def read_questions(path: str | Path) -> list[Question]:
@@ -21,20 +22,11 @@ def read_questions(path: str | Path) -> list[Question]:
     if not path.exists():
         raise FileNotFoundError(f"question file {path} does not exist")
     out, seen = [], set()
-    with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{n}: not valid JSON ({e.msg} at column {e.colno}); fix or remove the line") from e
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}:{n}: expected a JSON object with 'id' and 'question', got {type(row).__name__}")
-            out.append(question_from_row(row, where=f"{path}:{n}"))
-            if out[-1].id in seen:
-                raise ValueError(f"{path}:{n}: duplicate id {out[-1].id!r}; ids must be unique")
-            seen.add(out[-1].id)
+    for n, row in iter_jsonl_objects(path):
+        out.append(question_from_row(row, where=f"{path}:{n}"))
+        if out[-1].id in seen:
+            raise ValueError(f"{path}:{n}: duplicate id {out[-1].id!r}; ids must be unique")
+        seen.add(out[-1].id)
     return out
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from agent.loop import Question
 from eval.metrics import expand_infoseek_golds
+from retrievers.jsonl import iter_jsonl_objects
 
 logger = logging.getLogger(__name__)
 
@@ -73,17 +74,7 @@ def read_jsonl_rows(path: str | Path) -> Iterator[tuple[int, dict]]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"dataset file {str(path)!r} does not exist")
-    with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{n}: malformed JSON line ({e.msg} at column {e.colno}); fix or remove it") from e
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}:{n}: expected a JSON object, got {type(row).__name__}")
-            yield n, row
+    yield from iter_jsonl_objects(path)
 
 
 def _row(id_: str, question: str, answers: list, *, images: list[str] = (), gold_kb: str = "",

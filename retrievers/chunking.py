@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
 
+from retrievers.jsonl import iter_jsonl_objects
 from retrievers.types import Doc
 
 
@@ -50,27 +50,20 @@ def read_text_corpus(path: str | Path) -> Iterator[dict]:
         ValueError: a line is not JSON or lacks an id or text; the message names the file and line.
     """
     path = Path(path)
-    with path.open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{line_no}: not valid JSON ({e.msg})") from e
-            doc_id = row.get("id", row.get("doc_id"))
-            title = row.get("title") or ""
-            if "text" in row:
-                text = row["text"]
-            elif "contents" in row:
-                parsed_title, text = _split_contents(row["contents"])
-                title = title or parsed_title
-            else:
-                raise ValueError(f"{path}:{line_no}: a corpus line needs `text` or `contents`; found {sorted(row)}")
-            if doc_id is None:
-                raise ValueError(f"{path}:{line_no}: a corpus line needs `id` (or `doc_id`); found {sorted(row)}")
-            extra = {k: v for k, v in row.items() if k not in ("id", "doc_id", "title", "text", "contents")}
-            yield {"id": str(doc_id), "title": title, "text": text, "metadata": extra}
+    for line_no, row in iter_jsonl_objects(path):
+        doc_id = row.get("id", row.get("doc_id"))
+        title = row.get("title") or ""
+        if "text" in row:
+            text = row["text"]
+        elif "contents" in row:
+            parsed_title, text = _split_contents(row["contents"])
+            title = title or parsed_title
+        else:
+            raise ValueError(f"{path}:{line_no}: a corpus line needs `text` or `contents`; found {sorted(row)}")
+        if doc_id is None:
+            raise ValueError(f"{path}:{line_no}: a corpus line needs `id` (or `doc_id`); found {sorted(row)}")
+        extra = {k: v for k, v in row.items() if k not in ("id", "doc_id", "title", "text", "contents")}
+        yield {"id": str(doc_id), "title": title, "text": text, "metadata": extra}
 
 
 def passages(

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, TypeVar
 import numpy as np
 
 from retrievers.encoders import normalize
+from retrievers.jsonl import iter_jsonl_objects
 from retrievers.media import MediaError, load_image
 from retrievers.types import Doc, Hit, Media, Query, as_queries
 
@@ -277,27 +278,20 @@ def write_media_index(
 def read_image_corpus(path: Path) -> list[dict]:
     """Rows `{id, image (absolute), captions, title}` of an image corpus JSONL, with clear errors."""
     rows = []
-    with Path(path).open() as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{n}: not valid JSON ({e})") from e
-            doc_id = row.get("id", row.get("image_id"))
-            image = row.get("image", row.get("file"))
-            if doc_id is None or image is None:
-                raise ValueError(f"{path}:{n}: each line needs `id` (or `image_id`) and `image` (or `file`)")
-            captions = row.get("captions") or ([row["caption"]] if row.get("caption") else [])
-            rows.append(
-                {
-                    "id": str(doc_id),
-                    "image": str((Path(path).parent / image).resolve()),
-                    "captions": [str(c) for c in captions],
-                    "title": row.get("title", ""),
-                }
-            )
+    for n, row in iter_jsonl_objects(path):
+        doc_id = row.get("id", row.get("image_id"))
+        image = row.get("image", row.get("file"))
+        if doc_id is None or image is None:
+            raise ValueError(f"{path}:{n}: each line needs `id` (or `image_id`) and `image` (or `file`)")
+        captions = row.get("captions") or ([row["caption"]] if row.get("caption") else [])
+        rows.append(
+            {
+                "id": str(doc_id),
+                "image": str((Path(path).parent / image).resolve()),
+                "captions": [str(c) for c in captions],
+                "title": row.get("title", ""),
+            }
+        )
     return rows
 
 

@@ -20,7 +20,6 @@ file means "indexed without transcript", a zero-length clip is dropped; each cas
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ import numpy as np
 
 from retrievers.encoders import normalize
 from retrievers.image import MediaRetriever, check_flat, check_weight, load_clip, parse_options, write_media_index
+from retrievers.jsonl import iter_jsonl_objects
 from retrievers.media import (
     Cue,
     MediaError,
@@ -190,27 +190,20 @@ def read_video_corpus(corpus: Path) -> list[dict]:
         if not rows:
             raise ValueError(f"no video files ({', '.join(VIDEO_SUFFIXES)}) under {str(corpus)!r}")
         return rows
-    with corpus.open() as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{corpus}:{n}: not valid JSON ({e})") from e
-            if "video" not in row:
-                raise ValueError(f"{corpus}:{n}: each line needs `video` (a path relative to the JSONL file)")
-            video = (corpus.parent / row["video"]).resolve()
-            subs = row.get("subtitles")
-            rows.append(
-                {
-                    "id": str(row.get("id", video.stem)),
-                    "video": str(video),
-                    "subtitles": str((corpus.parent / subs).resolve()) if subs else None,
-                    "title": row.get("title", video.stem.replace("_", " ")),
-                    "description": row.get("description", ""),
-                }
-            )
+    for n, row in iter_jsonl_objects(corpus):
+        if "video" not in row:
+            raise ValueError(f"{corpus}:{n}: each line needs `video` (a path relative to the JSONL file)")
+        video = (corpus.parent / row["video"]).resolve()
+        subs = row.get("subtitles")
+        rows.append(
+            {
+                "id": str(row.get("id", video.stem)),
+                "video": str(video),
+                "subtitles": str((corpus.parent / subs).resolve()) if subs else None,
+                "title": row.get("title", video.stem.replace("_", " ")),
+                "description": row.get("description", ""),
+            }
+        )
     return rows
 
 

@@ -20,7 +20,7 @@ def _write(path: Path, lines: list[str]) -> Path:
 
 def test_malformed_line_is_named(tmp_path: Path) -> None:
     path = _write(tmp_path / "q.jsonl", ['{"id": "a", "question": "q?", "answers": ["x"]}', "", '{"id": "b", "question'])
-    with pytest.raises(ValueError, match=rf"{path}:3: malformed JSON line"):
+    with pytest.raises(ValueError, match=rf"{path}:3: not valid JSON"):
         load_dataset(DatasetSpec(name="t", loader="jsonl", path=str(path)))
 
 

@@ -157,7 +157,7 @@ def test_cli_help_and_errors(tmp_path: Path, questions_file: Path, capsys: pytes
     bad.write_text('{"id": "1", "question": "ok?", "answers": ["a"]}\n{"id": "2", "question": \n')
     cfg = eval_yaml(tmp_path, bad, ["no_retrieval"])
     assert main(["--config", str(cfg), "--quiet"]) == 2
-    assert f"{bad}:2: malformed JSON line" in capsys.readouterr().out
+    assert f"{bad}:2: not valid JSON" in capsys.readouterr().out
     # `key=value` after `--methods` is an override, not a method name (argparse would give it to --methods)
     assert main(["--config", str(cfg), "--quiet", "--methods", "no_retrieval", "agent.max_step=2"]) == 2
     out = capsys.readouterr().out

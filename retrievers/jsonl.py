@@ -1,0 +1,30 @@
+"""One JSONL reader for every input file (corpora, question and dataset files): errors name the file and line."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+
+def iter_jsonl_objects(path: str | Path) -> Iterator[tuple[int, dict]]:
+    """Yield `(line_number, row)` for each non-blank line of a JSONL file whose lines are JSON objects.
+
+    Uses Python's parser (it accepts the bare `NaN` of the paper's Dyn-VQA file, which strict parsers reject).
+
+    Raises:
+        ValueError: a line is not JSON, or not an object; the message names `path:line` and the fix.
+    """
+    with Path(path).open(encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(
+                    f"{path}:{n}: not valid JSON ({e.msg} at column {e.colno}); fix or remove the line"
+                ) from e
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}:{n}: expected a JSON object, got {type(row).__name__}")
+            yield n, row
