@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from retrievers.encoders import normalize
-from retrievers.image import MediaRetriever, check_flat, check_weight, load_clip, parse_options, write_media_index
+from retrievers.image import ImageOptions, MediaRetriever, check_flat, load_clip, parse_options, write_media_index
 from retrievers.jsonl import iter_jsonl_objects
 from retrievers.media import (
     Cue,
@@ -53,14 +53,9 @@ VIDEO_SUFFIXES = (".mp4", ".mkv", ".webm", ".avi", ".mov", ".m4v")
 
 
 @dataclass(frozen=True)
-class ClipOptions:
-    """Options of a clip KB (`KBConfig.options`)."""
+class ClipOptions(ImageOptions):
+    """Options of a clip KB (`KBConfig.options`): the image KB's CLIP options and these."""
 
-    clip_model: str = "ViT-L-14"
-    clip_pretrained: str | None = "openai"
-    visual_weight: float = 0.8
-    clip_batch_size: int = 32
-    description: str = ""
     threshold: float = 27.0  # ContentDetector threshold (PySceneDetect default)
     min_scene_frames: int = 15  # ContentDetector min_scene_len, in frames
     detect_width: int = 256  # detection resolution (PySceneDetect's own default downscale target)
@@ -72,7 +67,7 @@ class ClipOptions:
     subtitles: bool = True
 
     def __post_init__(self) -> None:
-        check_weight(self.visual_weight)
+        super().__post_init__()
         if not 0 < self.min_clip_s * 2 <= self.max_clip_s:
             raise ValueError(
                 f"`options.max_clip_s` ({self.max_clip_s}) must be >= 2 * `min_clip_s` ({self.min_clip_s}) > 0, "
@@ -83,20 +78,15 @@ class ClipOptions:
 
 
 @dataclass(frozen=True)
-class VideoOptions:
-    """Options of a video KB (`KBConfig.options`)."""
+class VideoOptions(ImageOptions):
+    """Options of a video KB (`KBConfig.options`): the image KB's CLIP options and these."""
 
-    clip_model: str = "ViT-L-14"
-    clip_pretrained: str | None = "openai"
-    visual_weight: float = 0.8
-    clip_batch_size: int = 32
-    description: str = ""
     frames_per_video: int = 32
     frame_side: int = 336
     subtitles: bool = True
 
     def __post_init__(self) -> None:
-        check_weight(self.visual_weight)
+        super().__post_init__()
         if self.frames_per_video < 1:
             raise ValueError(f"`options.frames_per_video` must be >= 1, got {self.frames_per_video}")
 
