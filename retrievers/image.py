@@ -340,8 +340,13 @@ def build_image_kb(cfg: KBConfig, out_dir: Path, progress: bool = True) -> dict:
     return write_media_index(cfg, out_dir, docs, visual, texts, skipped, clip.dim)
 
 
-def load_image_kb(cfg: KBConfig) -> MediaRetriever:
-    """Load a built image KB (the caller, `retrievers.kb.load_kb`, checks the manifest first)."""
-    opts = parse_options(ImageOptions, cfg)
+def load_media_kb(cfg: KBConfig, options_cls: type[ImageOptions]) -> MediaRetriever:
+    """Load a built image, clip or video KB with its CLIP model (`retrievers.kb.load_kb` checks the manifest first)."""
+    opts = parse_options(options_cls, cfg)
     clip = load_clip(opts.clip_model, opts.clip_pretrained, cfg.device, opts.clip_batch_size)
     return MediaRetriever.load(cfg, opts.visual_weight, clip)
+
+
+def load_image_kb(cfg: KBConfig) -> MediaRetriever:
+    """Load a built image KB."""
+    return load_media_kb(cfg, ImageOptions)

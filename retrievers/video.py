@@ -28,7 +28,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from retrievers.encoders import normalize
-from retrievers.image import ImageOptions, MediaRetriever, check_flat, load_clip, parse_options, write_media_index
+from retrievers.image import (
+    ImageOptions,
+    MediaRetriever,
+    check_flat,
+    load_clip,
+    load_media_kb,
+    parse_options,
+    write_media_index,
+)
 from retrievers.jsonl import iter_jsonl_objects
 from retrievers.media import (
     Cue,
@@ -270,10 +278,7 @@ def build_clip_kb(cfg: KBConfig, out_dir: Path, progress: bool = True) -> dict:
 
 def load_clip_kb(cfg: KBConfig) -> MediaRetriever:
     """Load a built clip KB."""
-    opts = parse_options(ClipOptions, cfg)
-    return MediaRetriever.load(
-        cfg, opts.visual_weight, load_clip(opts.clip_model, opts.clip_pretrained, cfg.device, opts.clip_batch_size)
-    )
+    return load_media_kb(cfg, ClipOptions)
 
 
 # -- video KB -----------------------------------------------------------------------------------------------------
@@ -317,7 +322,4 @@ def build_video_kb(cfg: KBConfig, out_dir: Path, progress: bool = True) -> dict:
 
 def load_video_kb(cfg: KBConfig) -> MediaRetriever:
     """Load a built video KB."""
-    opts = parse_options(VideoOptions, cfg)
-    return MediaRetriever.load(
-        cfg, opts.visual_weight, load_clip(opts.clip_model, opts.clip_pretrained, cfg.device, opts.clip_batch_size)
-    )
+    return load_media_kb(cfg, VideoOptions)
