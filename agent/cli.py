@@ -25,13 +25,28 @@ def add_common_args(ap: argparse.ArgumentParser, kb_default: str | None = None) 
     ap.add_argument("--kb", default=kb_default, help="KB YAML file (configs/kb/*.yaml)")
     ap.add_argument("--config", help="YAML with `policy:` and `agent:` sections; flags override it")
     ap.add_argument("--backend", choices=["transformers", "vl", "openai", "vllm"], help="policy backend")
-    ap.add_argument("--model", help="model name/path, or `smollm2` (the packaged SmolLM2-135M-Instruct)")
+    ap.add_argument(
+        "--model",
+        help="model name/path; `smollm2-kbrouter` (default: SmolLM2 + the shipped router "
+        "adapter) or `smollm2` (the packaged base SmolLM2-135M-Instruct)",
+    )
+    ap.add_argument("--adapter", help="a peft (LoRA) adapter folder to load onto --model (transformers backend)")
     ap.add_argument("--base-url", help="openai backend: server URL, e.g. http://127.0.0.1:8000/v1")
     ap.add_argument("--max-steps", type=int, help="retrieval steps before the final answer (default 3)")
     ap.add_argument("--top-k", type=int, help="hits per retrieval (default 5)")
     ap.add_argument("--temperature", type=float, help="0 = greedy (default)")
     ap.add_argument("--seed", type=int)
-    ap.add_argument("--no-few-shot", action="store_true", help="drop the worked example from the prompts")
+    ap.add_argument(
+        "--few-shot",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="show a worked example before each step (helps an untrained model; default: off)",
+    )
+    ap.add_argument(
+        "--constrained",
+        choices=["auto", "on", "off"],
+        help="decode inside the step grammar (default auto: on where the backend supports it)",
+    )
     ap.add_argument("-v", "--verbose", action="store_true")
 
 
@@ -60,14 +75,12 @@ def resolve_configs(args: argparse.Namespace) -> tuple[PolicyConfig, AgentConfig
             raw["kb"] = str((path.parent / raw["kb"]).resolve()) if not Path(raw["kb"]).is_absolute() else raw["kb"]
     pol = _checked(dict(raw.get("policy") or {}), PolicyConfig, f"{args.config}: policy")
     agent = _checked(dict(raw.get("agent") or {}), AgentConfig, f"{args.config}: agent")
-    for flag, key in (("backend", "backend"), ("model", "model"), ("base_url", "base_url")):
+    for flag, key in (("backend", "backend"), ("model", "model"), ("base_url", "base_url"), ("adapter", "adapter")):
         if getattr(args, flag) is not None:
             pol[key] = getattr(args, flag)
-    for flag, key in (("max_steps", "max_steps"), ("top_k", "top_k"), ("temperature", "temperature"), ("seed", "seed")):
-        if getattr(args, flag) is not None:
-            agent[key] = getattr(args, flag)
-    if args.no_few_shot:
-        agent["few_shot"] = False
+    for key in ("max_steps", "top_k", "temperature", "seed", "few_shot", "constrained"):
+        if getattr(args, key) is not None:
+            agent[key] = getattr(args, key)
     kb = args.kb or raw.get("kb")
     if not kb:
         raise ValueError("no knowledge bases given: pass --kb configs/kb/NAME.yaml (or `kb:` in --config)")
@@ -79,7 +92,9 @@ def _setup(args: argparse.Namespace):  # noqa: ANN202
     from agent.kbs import load_knowledge_bases
     from agent.loop import StepAgent
 
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
     pol_cfg, agent_cfg, kb_file = resolve_configs(args)
     kbs = load_knowledge_bases(kb_file)
     policy = make_policy(pol_cfg)
@@ -93,14 +108,17 @@ def ask_main(argv: list[str] | None = None) -> int:
     from agent.display import StepPrinter
     from agent.io import question_from_row
 
-    ap = argparse.ArgumentParser(prog="kbrouter ask", description="Ask one question; each step is shown as it happens.")
+    ap = argparse.ArgumentParser(
+        prog="kbrouter ask", description="Ask one question; each step is shown as it happens."
+    )
     ap.add_argument("question", help="the question")
     ap.add_argument("--image", help="path of an image that goes with the question (needs a VL policy: --backend vl)")
     ap.add_argument("--out", help="append the trajectory to this JSONL file")
     add_common_args(ap, kb_default=str(DEMO_KB))
     args = ap.parse_args(argv)
-    q = question_from_row({"id": "ask", "question": args.question, **({"image": args.image} if args.image else {})},
-                          where="question")
+    q = question_from_row(
+        {"id": "ask", "question": args.question, **({"image": args.image} if args.image else {})}, where="question"
+    )
     agent, *_ = _setup(args)
     console = Console()
     console.print(f"[bold]question:[/bold] {q.question}")
@@ -143,7 +161,9 @@ def run_main(argv: list[str] | None = None) -> int:
     for t in trajs:
         stops[t.stop_reason] = stops.get(t.stop_reason, 0) + 1
     dt = time.perf_counter() - t0
-    print(f"wrote {len(trajs)} trajectories to {args.out} ({len(done)} already there) in {dt:.1f} s; stop reasons {stops}")
+    print(
+        f"wrote {len(trajs)} trajectories to {args.out} ({len(done)} already there) in {dt:.1f} s; stop reasons {stops}"
+    )
     return 0
 
 
@@ -164,15 +184,19 @@ def demo_main(argv: list[str] | None = None) -> int:
     console.print("[bold]kbrouter demo[/bold]: building/loading the demo KBs (cached after the first run) …")
     agent, pol_cfg, agent_cfg, kb_file = _setup(args)
     questions = read_questions(args.questions)[: args.limit]
-    console.print(f"KBs: {', '.join(agent.kbs)} | policy: {pol_cfg.model} ({pol_cfg.backend}) | "
-                  f"{len(questions)} questions, n = {agent_cfg.max_steps}, k = {agent_cfg.top_k}; answering in one "
-                  "lockstep batch; each step is shown as the batch reaches it …")
+    console.print(
+        f"KBs: {', '.join(agent.kbs)} | policy: {pol_cfg.model} ({pol_cfg.backend}) | "
+        f"{len(questions)} questions, n = {agent_cfg.max_steps}, k = {agent_cfg.top_k}; answering in one "
+        "lockstep batch; each step is shown as the batch reaches it …"
+    )
     t0 = time.perf_counter()
     trajs = agent.run_batch(questions, on_event=StepPrinter(console, show_id=True))
     dt = time.perf_counter() - t0
     print_summary(trajs, console)
     write_trajectories(args.out, trajs)  # appends
     summary = {r: sum(t.stop_reason == r for t in trajs) for r in {t.stop_reason for t in trajs}}
-    console.print(f"\n[bold]wrote {len(trajs)} trajectories to {args.out}[/bold] in {dt:.1f} s; stop reasons "
-                  f"{json.dumps(summary)}")
+    console.print(
+        f"\n[bold]wrote {len(trajs)} trajectories to {args.out}[/bold] in {dt:.1f} s; stop reasons "
+        f"{json.dumps(summary)}"
+    )
     return 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from agent.protocol.grammar import check_display_name
 from retrievers.types import Retriever
 
 DESCRIPTIONS = {  # default one-line descriptions shown to the policy, by (kind, granularity)
@@ -39,10 +40,12 @@ def load_knowledge_bases(kb_file: str, only: list[str] | None = None, build: boo
         only: optional KB names to keep.
         build: build missing or stale indexes first (a no-op when they are up to date).
     """
-    from retrievers.kb import build_kb, load_kb
     from retrievers.config import load_kb_configs
+    from retrievers.kb import build_kb, load_kb
 
     configs = load_kb_configs(kb_file)
+    for cfg in configs:  # before any index is built: a name the step grammar cannot express fails now
+        check_display_name(cfg.display_name, where=f"{kb_file}: knowledge base {cfg.name!r}")
     if only:
         unknown = set(only) - {c.name for c in configs}
         if unknown:

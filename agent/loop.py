@@ -13,10 +13,22 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from agent.backends.base import BackendError, Completion, Message, Policy, SamplingParams
+from agent.backends.base import BackendError, Completion, Message, Policy, SamplingParams, supports_grammar
 from agent.kbs import KnowledgeBase
-from agent.prompts import answer_messages, final_messages, plan_messages, with_format_reminder
-from agent.protocol import AnswerParse, PlanParse, parse_answer, parse_plan
+from agent.protocol import (
+    DEFAULT_PROMPT,
+    AnswerParse,
+    PlanParse,
+    PromptSettings,
+    answer_grammar,
+    answer_messages,
+    final_messages,
+    parse_answer,
+    parse_plan,
+    plan_grammar,
+    plan_messages,
+    with_format_reminder,
+)
 from agent.types import Step, Trajectory
 from retrievers.types import Hit, Query
 
@@ -26,6 +38,24 @@ logger = logging.getLogger(__name__)
 EventCallback = Callable[[str, str, dict], None]
 
 
+CONSTRAINED = ("auto", "on", "off")
+
+
+def use_constrained(mode: str, policy: Policy) -> bool:
+    """Resolve `agent.constrained` for a policy; `on` with a backend that cannot enforce a grammar is an error."""
+    if mode == "off":
+        return False
+    if supports_grammar(policy):
+        return True
+    if mode == "on":
+        raise ValueError(
+            f"agent.constrained is 'on' but policy {getattr(policy, 'name', policy)!r} "
+            f"({type(policy).__name__}) has no structured output. Fix: use the transformers, vl or vllm backend, or an "
+            "openai server with policy.grammar_field vllm | sglang | llamacpp; or set agent.constrained: auto or off"
+        )
+    return False
+
+
 @dataclass(frozen=True)
 class AgentConfig:
     """Settings of the step loop."""
@@ -33,21 +63,37 @@ class AgentConfig:
     max_steps: int = field(default=3, metadata={"help": "retrieval steps before the final answer (paper: n = 3)"})
     top_k: int = field(default=5, metadata={"help": "hits shown to the policy per retrieval"})
     max_retries: int = field(default=1, metadata={"help": "re-asks after a malformed reply, per step"})
-    plan_tokens: int = 160
-    answer_tokens: int = 128
-    final_tokens: int = 128
+    # Token budgets per step. Constrained steps size their grammar to close within them (an early end-of-sequence
+    # makes the usual step far shorter, so a generous budget costs nothing); unconstrained steps stop at the tag.
+    plan_tokens: int = 448
+    answer_tokens: int = 256
+    final_tokens: int = 256
+    constrained: str = field(
+        default="auto",
+        metadata={
+            "help": "decode inside the step grammar: on | off | auto (on where the backend has structured output)"
+        },
+    )
     temperature: float = 0.0
     top_p: float = 1.0
     top_k_sampling: int = 0
     seed: int | None = None
     require_think: bool = field(default=True, metadata={"help": "a missing <think> is a format error"})
-    few_shot: bool = field(default=True, metadata={"help": "show a worked example before each step (untrained policies)"})
+    few_shot: bool = field(
+        default=DEFAULT_PROMPT.few_shot,
+        metadata={"help": "show a worked example before each step (untrained policies)"},
+    )
+    evidence_chars: int = field(default=DEFAULT_PROMPT.evidence_chars, metadata={"help": "longest evidence per hit"})
     evidence_images: int = field(
-        default=0, metadata={"help": "images/frames behind the hits shown to a VL policy in the answer step (0 = none)"}
+        default=0,
+        metadata={"help": "images/frames behind the hits shown to a VL policy in the answer step (0 = none)"},
     )
     retry_temperature: float = field(
-        default=0.0, metadata={"help": "sampling temperature of re-asks (0 = as the first ask); a greedy re-ask often "
-                                       "repeats its reply, but sampling did not help SmolLM2-135M on the demo"}
+        default=0.0,
+        metadata={
+            "help": "sampling temperature of re-asks (0 = as the first ask); a greedy re-ask often "
+            "repeats its reply, but sampling did not help SmolLM2-135M on the demo"
+        },
     )
 
     def __post_init__(self) -> None:
@@ -57,8 +103,16 @@ class AgentConfig:
             raise ValueError(f"top_k must be >= 1, got {self.top_k}")
         if self.max_retries < 0:
             raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")
+        if self.constrained not in CONSTRAINED:
+            raise ValueError(f"agent.constrained must be one of {CONSTRAINED}, got {self.constrained!r}")
 
-    def sampling(self, max_new_tokens: int, stop: tuple[str, ...], salt: int = 0) -> SamplingParams:
+    @property
+    def prompt_settings(self) -> PromptSettings:
+        return PromptSettings(few_shot=self.few_shot, evidence_chars=self.evidence_chars)
+
+    def sampling(
+        self, max_new_tokens: int, stop: tuple[str, ...], salt: int = 0, grammar: str | None = None
+    ) -> SamplingParams:
         seed = None if self.seed is None else self.seed + salt
         return SamplingParams(
             max_new_tokens=max_new_tokens,
@@ -66,7 +120,8 @@ class AgentConfig:
             top_p=self.top_p,
             top_k=self.top_k_sampling,
             seed=seed,
-            stop=stop,
+            stop=() if grammar else stop,
+            grammar=grammar,
         )
 
 
@@ -111,6 +166,28 @@ class StepAgent:
         self.policy = policy
         self.kbs = kbs
         self.config = config or AgentConfig()
+        self.constrained = use_constrained(self.config.constrained, policy)  # fails here, before any generation
+        self._grammars = None
+        if self.constrained:  # built once per KB set; a budget too small for the tags fails here too
+            cfg = self.config
+            self._grammars = (
+                plan_grammar(tuple(kbs), cfg.plan_tokens),
+                answer_grammar(cfg.answer_tokens),
+                answer_grammar(cfg.final_tokens),
+            )
+
+    def _params(self, step: str, stop: str, salt: int) -> SamplingParams:
+        cfg = self.config
+        tokens = {"plan": cfg.plan_tokens, "answer": cfg.answer_tokens, "final": cfg.final_tokens}[step]
+        grammar = None
+        if self._grammars is not None:
+            grammar = self._grammars[("plan", "answer", "final").index(step)].ebnf
+        return cfg.sampling(tokens, (stop,), salt=salt, grammar=grammar)
+
+    @property
+    def render_settings(self) -> dict:
+        """How this agent renders and decodes steps; stored in every trajectory's metadata."""
+        return {**self.config.prompt_settings.to_dict(), "constrained": self.constrained}
 
     # -- generation with bounded re-asking -------------------------------------------------------------------
     def _generate(
@@ -154,7 +231,7 @@ class StepAgent:
         return results
 
     def _answer_messages(self, sub_question: str, hits: list[Hit], images: tuple[str, ...]) -> list[Message]:
-        msgs = answer_messages(sub_question, hits, images, self.config.few_shot)
+        msgs = answer_messages(sub_question, hits, images, self.config.prompt_settings)
         if self.config.evidence_images:
             from agent.backends.hf_vl import add_evidence_images  # pixels only matter to VL policies
 
@@ -178,12 +255,12 @@ class StepAgent:
                 break
             # 1. plan, batched
             t0 = time.perf_counter()
-            convs = [plan_messages(s.q.question, s.history, kb_menu, s.q.images, cfg.few_shot) for s in active]
+            convs = [plan_messages(s.q.question, s.history, kb_menu, s.q.images, cfg.prompt_settings) for s in active]
             plans = self._generate(
                 active,
                 convs,
                 lambda text: parse_plan(text, names, require_think=cfg.require_think),
-                cfg.sampling(cfg.plan_tokens, ("</ret>",), salt=10 * step_i),
+                self._params("plan", "</ret>", salt=10 * step_i),
             )
             plan_s = time.perf_counter() - t0
             to_retrieve: list[tuple[_State, PlanParse, list[str]]] = []
@@ -194,17 +271,33 @@ class StepAgent:
                 assert isinstance(parsed, PlanParse)
                 timings = {"plan_s": plan_s}
                 if not parsed.ok:
-                    s.steps.append(Step(index=step_i, think=parsed.think or "", raw=tuple(raw),
-                                        format_errors=parsed.errors, timings=timings))
+                    s.steps.append(
+                        Step(
+                            index=step_i,
+                            think=parsed.think or "",
+                            raw=tuple(raw),
+                            format_errors=parsed.errors,
+                            timings=timings,
+                        )
+                    )
                     s.planning, s.stop_reason = False, "format_error"
                 elif parsed.stop:
                     s.steps.append(Step(index=step_i, think=parsed.think or "", raw=tuple(raw), timings=timings))
                     s.planning = False
                 else:
                     to_retrieve.append((s, parsed, raw))
-                self._emit(on_event, s.q.id, "plan", {"step": step_i, "think": parsed.think,
-                                                      "sub_question": parsed.sub_question, "kb": parsed.kb,
-                                                      "errors": list(parsed.errors)})
+                self._emit(
+                    on_event,
+                    s.q.id,
+                    "plan",
+                    {
+                        "step": step_i,
+                        "think": parsed.think,
+                        "sub_question": parsed.sub_question,
+                        "kb": parsed.kb,
+                        "errors": list(parsed.errors),
+                    },
+                )
             if not to_retrieve:
                 continue
             # 2. retrieve, one batched search per KB
@@ -220,7 +313,7 @@ class StepAgent:
                 [s for s, *_ in ok],
                 [self._answer_messages(p.sub_question, h, s.q.images) for s, p, _, h in ok],
                 lambda text: parse_answer(text, require_think=cfg.require_think),
-                cfg.sampling(cfg.answer_tokens, ("</answer>",), salt=10 * step_i + 1),
+                self._params("answer", "</answer>", salt=10 * step_i + 1),
             )
             answer_s = time.perf_counter() - t0
             for (s, p, raw, h), (parsed, araw) in zip(ok, answers):
@@ -229,14 +322,23 @@ class StepAgent:
                     continue
                 assert isinstance(parsed, AnswerParse)
                 answer = parsed.answer if parsed.ok else (parsed.answer or strip_tags(araw[-1]))
-                s.steps.append(Step(
-                    index=step_i, think=p.think or "", sub_question=p.sub_question,
-                    kb=self.kbs[p.kb].name, hits=tuple(h), answer_think=parsed.think or "", answer=answer,
-                    raw=tuple(raw + araw), format_errors=parsed.errors,
-                    timings={"plan_s": plan_s, "retrieve_s": retrieve_s, "answer_s": answer_s},
-                ))
-                self._emit(on_event, s.q.id, "answer", {"step": step_i, "answer": answer,
-                                                        "errors": list(parsed.errors)})
+                s.steps.append(
+                    Step(
+                        index=step_i,
+                        think=p.think or "",
+                        sub_question=p.sub_question,
+                        kb=self.kbs[p.kb].name,
+                        hits=tuple(h),
+                        answer_think=parsed.think or "",
+                        answer=answer,
+                        raw=tuple(raw + araw),
+                        format_errors=parsed.errors,
+                        timings={"plan_s": plan_s, "retrieve_s": retrieve_s, "answer_s": answer_s},
+                    )
+                )
+                self._emit(
+                    on_event, s.q.id, "answer", {"step": step_i, "answer": answer, "errors": list(parsed.errors)}
+                )
         for s in states:
             if s.planning and s.stop_reason == "answered":
                 s.stop_reason = "max_steps"
@@ -268,9 +370,9 @@ class StepAgent:
         t0 = time.perf_counter()
         finals = self._generate(
             live,
-            [final_messages(s.q.question, s.history, s.q.images, cfg.few_shot) for s in live],
+            [final_messages(s.q.question, s.history, s.q.images, cfg.prompt_settings) for s in live],
             lambda text: parse_answer(text, require_think=cfg.require_think),
-            cfg.sampling(cfg.final_tokens, ("</answer>",), salt=99),
+            self._params("final", "</answer>", salt=99),
         )
         final_s = time.perf_counter() - t0
         by_id = {id(s): f for s, f in zip(live, finals)}
@@ -284,14 +386,28 @@ class StepAgent:
                 answer = parsed.answer if parsed.ok else (parsed.answer or strip_tags(raw[-1]) or parsed.think or "")
                 if not parsed.ok and s.stop_reason != "backend_error":
                     s.stop_reason = "format_error"
-            meta = {**s.q.metadata, "model": self.policy.name, "prompt_tokens": s.prompt_tokens,
-                    "completion_tokens": s.completion_tokens, "final_s": final_s,
-                    "final_errors": list(parsed.errors) if parsed is not None else []}
+            meta = {
+                **s.q.metadata,
+                "model": self.policy.name,
+                "render": self.render_settings,
+                "prompt_tokens": s.prompt_tokens,
+                "completion_tokens": s.completion_tokens,
+                "final_s": final_s,
+                "final_errors": list(parsed.errors) if parsed is not None else [],
+            }
             if s.error:
                 meta["error"] = s.error
             traj = Trajectory(
-                id=s.q.id, question=s.q.question, images=s.q.images, steps=tuple(s.steps), final_think=think,
-                final_answer=answer, final_raw=tuple(raw), stop_reason=s.stop_reason, gold=s.q.answers, metadata=meta,
+                id=s.q.id,
+                question=s.q.question,
+                images=s.q.images,
+                steps=tuple(s.steps),
+                final_think=think,
+                final_answer=answer,
+                final_raw=tuple(raw),
+                stop_reason=s.stop_reason,
+                gold=s.q.answers,
+                metadata=meta,
             )
             self._emit(on_event, s.q.id, "final", {"answer": answer, "stop_reason": s.stop_reason})
             out.append(traj)

@@ -4,7 +4,6 @@ Concurrent requests with the same sampling settings are gathered for a few milli
 batch, so many clients (synthesis workers, eval shards) share one model efficiently.
 """
 
-
 import argparse
 import asyncio
 import logging
@@ -12,7 +11,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from agent.backends.base import Completion, Policy, SamplingParams
+from agent.backends.base import Completion, Policy, SamplingParams, supports_grammar
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +48,30 @@ def _to_kbrouter_messages(messages: list[dict]) -> list[dict]:
             raise ValueError("message content must be a string or a list of parts")
         out.append({"role": m["role"], "content": content})
     return out
+
+
+MAX_GRAMMAR_CHARS = 65_536
+
+
+def request_grammar(body: dict) -> str | None:
+    """The EBNF grammar of a request, in any of the fields vLLM (`structured_outputs.grammar`), SGLang (`ebnf`) and
+    llama.cpp (`grammar`) servers accept; other structured-output kinds are refused by name."""
+    so = body.get("structured_outputs")
+    if so is not None:
+        if not isinstance(so, dict):
+            raise ValueError('structured_outputs must be an object, e.g. {"grammar": "root ::= ..."}')
+        other = sorted(k for k, v in so.items() if k != "grammar" and v is not None)
+        if other:
+            raise ValueError(f"structured_outputs {other} are not supported here; send an EBNF `grammar`")
+    found = [g for g in ((so or {}).get("grammar"), body.get("ebnf"), body.get("grammar")) if g is not None]
+    if not found:
+        return None
+    grammar = found[0]
+    if not isinstance(grammar, str) or not grammar.strip():
+        raise ValueError("the grammar must be a non-empty EBNF string")
+    if len(grammar) > MAX_GRAMMAR_CHARS:
+        raise ValueError(f"the grammar has {len(grammar)} characters; at most {MAX_GRAMMAR_CHARS} are accepted")
+    return grammar
 
 
 def create_app(policy: Policy, model_name: str | None = None):  # noqa: ANN201 (FastAPI app)
@@ -112,14 +135,19 @@ def create_app(policy: Policy, model_name: str | None = None):  # noqa: ANN201 (
             if int(body.get("n", 1)) != 1:
                 raise ValueError("only n=1 is supported; send several requests instead")
             stop = body.get("stop") or ()
+            grammar = request_grammar(body)
+            if grammar and not supports_grammar(policy):
+                raise ValueError(f"this server's policy ({name}) has no structured output; drop the grammar field")
             params = SamplingParams(
-                max_new_tokens=int(next((body[k] for k in ("max_tokens", "max_completion_tokens")
-                                         if body.get(k) is not None), 256)),
+                max_new_tokens=int(
+                    next((body[k] for k in ("max_tokens", "max_completion_tokens") if body.get(k) is not None), 256)
+                ),
                 temperature=float(body.get("temperature", 1.0)),
                 top_p=float(body.get("top_p", 1.0)),
                 top_k=int(body.get("top_k", 0) or 0),
                 seed=body.get("seed"),
-                stop=(stop,) if isinstance(stop, str) else tuple(stop),
+                stop=() if grammar else (stop,) if isinstance(stop, str) else tuple(stop),
+                grammar=grammar,
             )
             messages = _to_kbrouter_messages(body["messages"])
         except (ValueError, TypeError, KeyError) as e:
@@ -130,16 +158,26 @@ def create_app(policy: Policy, model_name: str | None = None):  # noqa: ANN201 (
             out: Completion = await fut
         except Exception as e:
             raise HTTPException(status_code=500, detail=f"generation failed: {e}") from e
-        return JSONResponse({
-            "id": f"chatcmpl-{uuid.uuid4().hex[:12]}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": name,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": out.text},
-                         "finish_reason": "length" if out.finish_reason == "length" else "stop"}],
-            "usage": {"prompt_tokens": out.prompt_tokens, "completion_tokens": out.completion_tokens,
-                      "total_tokens": out.prompt_tokens + out.completion_tokens},
-        })
+        return JSONResponse(
+            {
+                "id": f"chatcmpl-{uuid.uuid4().hex[:12]}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": name,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": out.text},
+                        "finish_reason": "length" if out.finish_reason == "length" else "stop",
+                    }
+                ],
+                "usage": {
+                    "prompt_tokens": out.prompt_tokens,
+                    "completion_tokens": out.completion_tokens,
+                    "total_tokens": out.prompt_tokens + out.completion_tokens,
+                },
+            }
+        )
 
     return app
 

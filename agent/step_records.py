@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from agent.prompts import answer_messages, final_messages, plan_messages
+from agent.protocol import DEFAULT_PROMPT, PromptSettings, answer_messages, final_messages, plan_messages
 from agent.types import Trajectory
 
 PLAN, ANSWER, FINAL = "plan", "answer", "final"
@@ -31,6 +31,8 @@ class StepRecord:
         kb_names: KB display names the plan step may choose from (empty for answer steps).
         step_index: 0-based position of the step in its trajectory.
         metadata: free-form (source dataset, ...).
+        prompt_settings: the `PromptSettings` the messages were rendered with (`to_dict()`), so a trainer or a
+            re-render can tell a few-shot prompt from a plain one.
     """
 
     trajectory_id: str
@@ -41,6 +43,7 @@ class StepRecord:
     kb_names: tuple[str, ...] = ()
     step_index: int = 0
     metadata: dict = field(default_factory=dict, compare=False, hash=False)
+    prompt_settings: dict = field(default_factory=DEFAULT_PROMPT.to_dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         where = f"step {self.step_index} of trajectory {self.trajectory_id!r}"
@@ -68,6 +71,7 @@ class StepRecord:
             "kb_names": list(self.kb_names),
             "gold": self.gold,
             "metadata": self.metadata,
+            "prompt_settings": self.prompt_settings,
         }
 
     @classmethod
@@ -87,32 +91,37 @@ class StepRecord:
             kb_names=tuple(d.get("kb_names") or ()),
             step_index=int(d.get("step_index", 0)),
             metadata=dict(d.get("metadata") or {}),
+            # records written before settings were stored were rendered with the then-default few-shot prompts
+            prompt_settings=dict(d.get("prompt_settings") or {}),
         )
 
 
-def records_from_trajectory(traj: Trajectory, kbs: list[tuple[str, str]]) -> list[StepRecord]:
-    """Cut one trajectory into step records conditioned on its gold prefix."""
+def records_from_trajectory(
+    traj: Trajectory, kbs: list[tuple[str, str]], settings: PromptSettings = DEFAULT_PROMPT
+) -> list[StepRecord]:
+    """Cut one trajectory into step records conditioned on its gold prefix, rendered with `settings`."""
     if traj.gold is None:
         raise ValueError(f"trajectory {traj.id!r} has no gold answer: the final step would have no target")
     kb_names = tuple(name for name, _ in kbs)
     out: list[StepRecord] = []
     history: list[tuple[str, str]] = []
     meta = {"source": traj.metadata.get("dataset", "")}
+    ps = settings.to_dict()
     for step in traj.steps:
         out.append(StepRecord(
-            traj.id, PLAN, plan_messages(traj.question, history, kbs, traj.images),
+            traj.id, PLAN, plan_messages(traj.question, history, kbs, traj.images, settings),
             {"sub_question": step.sub_question, "kb": step.kb, "think": step.think},
-            traj.images, kb_names, len(out), meta,
+            traj.images, kb_names, len(out), meta, ps,
         ))  # fmt: skip
         if step.sub_question is None:
             break
         out.append(StepRecord(
-            traj.id, ANSWER, answer_messages(step.sub_question, step.hits, traj.images),
-            {"answers": [step.answer], "think": step.answer_think}, traj.images, (), len(out), meta,
+            traj.id, ANSWER, answer_messages(step.sub_question, step.hits, traj.images, settings),
+            {"answers": [step.answer], "think": step.answer_think}, traj.images, (), len(out), meta, ps,
         ))  # fmt: skip
         history.append((step.sub_question, step.answer))
     out.append(StepRecord(
-        traj.id, FINAL, final_messages(traj.question, history, traj.images),
-        {"answers": list(traj.gold), "think": traj.final_think}, traj.images, (), len(out), meta,
+        traj.id, FINAL, final_messages(traj.question, history, traj.images, settings),
+        {"answers": list(traj.gold), "think": traj.final_think}, traj.images, (), len(out), meta, ps,
     ))  # fmt: skip
     return out

@@ -73,6 +73,9 @@ class StepDataArgs:
     lora: dict | None = field(
         default=None, metadata={"help": "LoRA through peft: {r, alpha, dropout, target_modules}; None = full FT."}
     )
+    init_adapter: str | None = field(
+        default=None, metadata={"help": "A peft adapter folder to start from and train further (e.g. SFT -> GRPO)."}
+    )
 
     def _check_data_args(self) -> None:
         if not self.train_file:
@@ -88,6 +91,13 @@ class StepDataArgs:
         for kb in self.kbs:
             if set(kb) - {"name", "description"} or "name" not in kb:
                 raise ValueError(f"each `kbs` entry is {{name, description}}; got {kb!r}")
+        if self.init_adapter is not None:
+            if self.lora is not None:
+                raise ValueError("`init_adapter` trains an existing adapter further; drop `lora` (its rank is fixed)")
+            if not (Path(self.init_adapter) / "adapter_config.json").is_file():
+                raise FileNotFoundError(
+                    f"init_adapter {self.init_adapter!r} has no adapter_config.json (a peft folder)"
+                )
         if self.lora is not None:
             unknown = set(self.lora) - {"r", "alpha", "dropout", "target_modules"}
             if unknown:

@@ -10,6 +10,7 @@ import statistics
 from collections import Counter
 
 from agent.backends.base import text_only
+from agent.protocol import format_answer, format_plan
 from training.rewards import ANSWER, PLAN
 from training.step_data import StepRecord
 
@@ -27,10 +28,10 @@ def target_text(record: StepRecord) -> str:
         sq, kb = record.gold["sub_question"], record.gold["kb"]
         if not think:
             think = "What is known is enough to answer." if sq is None else f"Next I need to find out: {sq}"
-        return f"<think>{think}</think>\n<sub-question>{sq or 'None'}</sub-question>\n<ret>{kb or 'None'}</ret>"
+        return format_plan(think, sq, kb)
     if not think:
         think = "The evidence answers the question." if record.step_type == ANSWER else "The answers so far suffice."
-    return f"<think>{think}</think>\n<answer>{record.gold['answers'][0]}</answer>"
+    return format_answer(think, record.gold["answers"][0])
 
 
 def _prompt_len(tokenizer, messages: list[dict]) -> int:

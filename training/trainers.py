@@ -66,12 +66,25 @@ def load_processing_class(model_path: str):
     return tok
 
 
-def load_policy(model_path: str, dtype: str):
-    """The policy model: `AutoModelForImageTextToText` for VL configs, else `AutoModelForCausalLM`."""
+def load_policy(model_path: str, dtype: str, init_adapter: str | None = None):
+    """The policy model: `AutoModelForImageTextToText` for VL configs, else `AutoModelForCausalLM`; with
+    `init_adapter`, that peft adapter on top, trainable (so GRPO continues the SFT adapter rather than a new one)."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     cls = AutoModelForImageTextToText if is_vision_language(model_path) else AutoModelForCausalLM
-    return cls.from_pretrained(model_path, dtype=_dtype(dtype))
+    model = cls.from_pretrained(model_path, dtype=_dtype(dtype))
+    if init_adapter:
+        from peft import PeftModel
+
+        from agent.backends.models import adapter_base_name
+
+        trained_on = Path(adapter_base_name(init_adapter)).name
+        if trained_on and trained_on.lower() != Path(model_path).name.lower():
+            raise ValueError(
+                f"init_adapter {init_adapter!r} was trained on {trained_on!r}, not {Path(model_path).name!r}"
+            )
+        model = PeftModel.from_pretrained(model, init_adapter, is_trainable=True)
+    return model
 
 
 def resolve_model_path(name_or_path: str) -> str:
@@ -109,7 +122,7 @@ def build_grpo_trainer(cfg: StepGRPOConfig):
     train_ds = train_ds.remove_columns("completion")
     eval_ds = eval_ds.remove_columns("completion") if eval_ds is not None else None
     logger.info("Step-GRPO on %d step prompts (%s)", len(train_ds), dict(_count(train_ds["step_type"])))
-    model = load_policy(model_path, cfg.model_dtype)
+    model = load_policy(model_path, cfg.model_dtype, cfg.init_adapter)
     return GRPOTrainer(
         model=model,
         reward_funcs=rewards,
@@ -134,7 +147,7 @@ def build_sft_trainer(cfg: StepSFTConfig):
     train_ds = train_ds.select_columns(keep)
     eval_ds = eval_ds.select_columns(keep) if eval_ds is not None else None
     logger.info("SFT on %d step examples", len(train_ds))
-    model = load_policy(model_path, cfg.model_dtype)
+    model = load_policy(model_path, cfg.model_dtype, cfg.init_adapter)
     return SFTTrainer(
         model=model,
         args=cfg,

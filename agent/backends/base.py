@@ -12,7 +12,9 @@ Message = dict  # {"role": "system"|"user"|"assistant", "content": str | list[{"
 class SamplingParams:
     """Decoding settings shared by all backends. `temperature == 0` means greedy; `seed` seeds one `generate` call.
 
-    `stop` strings end a completion early (the text keeps the stop string, so closing tags survive).
+    `stop` strings end a completion early (the text keeps the stop string, so closing tags survive). `grammar` is
+    an EBNF grammar the whole completion must match (constrained decoding, `agent.protocol.grammar`); a backend
+    without structured output rejects it (`supports_grammar`).
     """
 
     max_new_tokens: int = 256
@@ -21,6 +23,7 @@ class SamplingParams:
     top_k: int = 0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    grammar: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -56,6 +59,11 @@ class Policy(Protocol):
     name: str
 
     def generate(self, conversations: list[list[Message]], params: SamplingParams) -> list[Completion]: ...
+
+
+def supports_grammar(policy: object) -> bool:
+    """Whether a policy enforces `SamplingParams.grammar` (backends say so with a `supports_grammar` attribute)."""
+    return bool(getattr(policy, "supports_grammar", False))
 
 
 def message_images(messages: list[Message]) -> list[str]:

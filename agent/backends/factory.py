@@ -15,12 +15,17 @@ class PolicyConfig:
 
     backend: str = field(default="transformers", metadata={"help": f"one of {BACKENDS}"})
     model: str = field(default="smollm2", metadata={"help": "hub name, local folder, or `smollm2` (packaged)"})
+    adapter: str | None = field(default=None, metadata={"help": "peft (LoRA) adapter folder loaded onto `model`"})
     gguf_file: str | None = None
     dtype: str = "float32"
     device: str | None = None
     max_batch_size: int = 16
     base_url: str | None = field(default=None, metadata={"help": "openai backend: e.g. http://127.0.0.1:8000/v1"})
     api_key: str | None = None
+    grammar_field: str = field(
+        default="vllm",
+        metadata={"help": "openai backend: how a step grammar is sent: vllm | sglang | llamacpp | none (hosted APIs)"},
+    )
     concurrency: int = 8
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.85
@@ -32,6 +37,16 @@ class PolicyConfig:
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ValueError(f"policy.backend {self.backend!r} is unknown; valid: {list(BACKENDS)}")
+        if self.model.lower() == "smollm2-kbrouter" and self.backend != "transformers":
+            raise ValueError(
+                "model 'smollm2-kbrouter' (SmolLM2 + the shipped LoRA adapter) runs on the transformers "
+                f"backend, not {self.backend!r}"
+            )
+        if self.adapter and self.backend != "transformers":
+            raise ValueError(
+                f"policy.adapter is read by the transformers backend, not {self.backend!r}: merge it into "
+                "the model (peft merge_and_unload + save_pretrained) and serve that folder"
+            )
         if self.backend == "openai" and not self.base_url:
             raise ValueError("policy.backend 'openai' needs policy.base_url, e.g. http://127.0.0.1:8000/v1")
 
@@ -49,19 +64,42 @@ def make_policy(cfg: PolicyConfig) -> Policy:
     if cfg.backend == "transformers":
         from agent.backends.hf import TransformersPolicy
 
-        return TransformersPolicy(cfg.model, gguf_file=cfg.gguf_file, dtype=cfg.dtype, device=cfg.device,
-                                  max_batch_size=cfg.max_batch_size)
+        return TransformersPolicy(
+            cfg.model,
+            gguf_file=cfg.gguf_file,
+            dtype=cfg.dtype,
+            device=cfg.device,
+            max_batch_size=cfg.max_batch_size,
+            adapter=cfg.adapter,
+        )
     if cfg.backend == "vl":
         from agent.backends.hf_vl import VisionLanguagePolicy
 
-        return VisionLanguagePolicy(cfg.model, dtype=cfg.dtype, device=cfg.device, max_batch_size=cfg.max_batch_size,
-                                    max_images=cfg.max_images, min_pixels=cfg.min_pixels, max_pixels=cfg.max_pixels)
+        return VisionLanguagePolicy(
+            cfg.model,
+            dtype=cfg.dtype,
+            device=cfg.device,
+            max_batch_size=cfg.max_batch_size,
+            max_images=cfg.max_images,
+            min_pixels=cfg.min_pixels,
+            max_pixels=cfg.max_pixels,
+        )
     if cfg.backend == "openai":
         from agent.backends.openai_compat import OpenAICompatiblePolicy
 
-        return OpenAICompatiblePolicy(cfg.base_url or "", cfg.model, api_key=cfg.api_key, concurrency=cfg.concurrency)
+        return OpenAICompatiblePolicy(
+            cfg.base_url or "",
+            cfg.model,
+            api_key=cfg.api_key,
+            concurrency=cfg.concurrency,
+            grammar_field=cfg.grammar_field,
+        )
     from agent.backends.vllm_engine import VLLMPolicy
 
-    return VLLMPolicy(cfg.model, tensor_parallel_size=cfg.tensor_parallel_size,
-                      gpu_memory_utilization=cfg.gpu_memory_utilization, max_model_len=cfg.max_model_len,
-                      dtype="auto" if cfg.dtype == "float32" else cfg.dtype)
+    return VLLMPolicy(
+        cfg.model,
+        tensor_parallel_size=cfg.tensor_parallel_size,
+        gpu_memory_utilization=cfg.gpu_memory_utilization,
+        max_model_len=cfg.max_model_len,
+        dtype="auto" if cfg.dtype == "float32" else cfg.dtype,
+    )

@@ -6,7 +6,7 @@ import logging
 from pathlib import Path
 
 from agent.backends.base import Completion, Message, SamplingParams, text_only
-from agent.backends.models import resolve_model
+from agent.backends.models import apply_adapter, resolve_model, resolve_policy_model
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +31,11 @@ class TransformersPolicy:
         dtype: `float32` (fast on CPU), `bfloat16` or `float16` (GPU), or `auto`.
         device: `cpu`, `cuda`, ... ; default picks CUDA when available.
         max_batch_size: conversations per `generate` call; larger batches are split.
+        adapter: a peft (LoRA) adapter folder to load onto the model and merge; `model: smollm2-kbrouter` brings
+            the shipped router adapter by itself.
     """
+
+    supports_grammar = True  # `SamplingParams.grammar` through xgrammar's logits processor
 
     def __init__(
         self,
@@ -40,20 +44,32 @@ class TransformersPolicy:
         dtype: str = "float32",
         device: str | None = None,
         max_batch_size: int = 16,
+        adapter: str | None = None,
     ) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        alias = model
+        model, adapter = resolve_policy_model(model, adapter)
+        if adapter:
+            from agent.backends.models import adapter_base_name
+
+            adapter_base_name(adapter)  # a missing adapter fails before the base model loads
         path = resolve_model(model)
         kwargs = {"gguf_file": gguf_file} if gguf_file else {}
         self.name = Path(path).name if Path(path).exists() else path
+        if adapter:
+            self.name = alias if alias != model else f"{self.name}+{Path(adapter).name}"
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
         self.tokenizer.padding_side = "left"  # decoder-only batching pads on the left
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         torch_dtype = dtype if dtype == "auto" else getattr(torch, dtype)
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, **kwargs).to(self.device)
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, **kwargs)
+        if adapter:
+            self.model = apply_adapter(self.model, adapter, path)
+        self.model = self.model.to(self.device)
         self.model.eval()
         self.max_batch_size = max_batch_size
 
@@ -83,13 +99,21 @@ def generate_completions(model, tokenizer, enc, params: SamplingParams) -> list[
     import torch
 
     sample = params.temperature > 0
-    gen_kwargs: dict = {"max_new_tokens": params.max_new_tokens, "do_sample": sample,
-                        "pad_token_id": tokenizer.pad_token_id}
+    gen_kwargs: dict = {
+        "max_new_tokens": params.max_new_tokens,
+        "do_sample": sample,
+        "pad_token_id": tokenizer.pad_token_id,
+    }
     if sample:
         gen_kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k or None)
     else:
         gen_kwargs.update(temperature=None, top_p=None, top_k=None)
-    if params.stop:
+    if params.grammar:
+        from agent.backends.constrained import grammar_processor
+
+        # the grammar ends every completion with end-of-sequence; stop strings would end it one token early
+        gen_kwargs["logits_processor"] = [grammar_processor(model, tokenizer, params.grammar)]
+    elif params.stop:
         gen_kwargs.update(stop_strings=list(params.stop), tokenizer=tokenizer)
     if params.seed is not None:
         torch.manual_seed(params.seed)

@@ -139,6 +139,8 @@ class VisionLanguagePolicy:
         max_pixels: upper bound on width * height of every image.
     """
 
+    supports_grammar = True  # shares the text backend's xgrammar path (`generate_completions`)
+
     def __init__(
         self,
         model: str,

@@ -11,6 +11,9 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 SMOLLM2 = "smollm2"  # config alias for the packaged SmolLM2-135M-Instruct
+ROUTER = "smollm2-kbrouter"  # SmolLM2 + the LoRA router adapter kbrouter trained and ships (models/, model card there)
+REPO = Path(__file__).resolve().parents[2]
+ROUTER_ADAPTER = REPO / "models" / ROUTER
 
 
 def cache_dir() -> Path:
@@ -61,3 +64,50 @@ def smollm2_path() -> str:
 def resolve_model(name_or_path: str) -> str:
     """Map the `smollm2` alias to its cached folder; anything else is a hub name or local path."""
     return smollm2_path() if name_or_path.lower() == SMOLLM2 else name_or_path
+
+
+def resolve_policy_model(model: str, adapter: str | None) -> tuple[str, str | None]:
+    """(base model, adapter folder or None): the `smollm2-kbrouter` alias is SmolLM2 plus the shipped adapter."""
+    if model.lower() == ROUTER:
+        if adapter:
+            raise ValueError(
+                f"model {ROUTER!r} already brings its adapter; drop policy.adapter or use model 'smollm2'"
+            )
+        return SMOLLM2, str(ROUTER_ADAPTER)
+    return model, adapter
+
+
+def adapter_base_name(adapter: str | Path) -> str:
+    """The base model an adapter was trained on (`base_model_name_or_path` of its `adapter_config.json`)."""
+    cfg_file = Path(adapter) / "adapter_config.json"
+    if not cfg_file.is_file():
+        raise FileNotFoundError(
+            f"adapter {str(adapter)!r} has no adapter_config.json: pass a folder written by `kbrouter train` "
+            "(peft save_pretrained), or drop policy.adapter"
+        )
+    import json
+
+    try:
+        return str(json.loads(cfg_file.read_text()).get("base_model_name_or_path") or "")
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{cfg_file} is not valid JSON ({e}); re-save the adapter") from e
+
+
+def apply_adapter(model, adapter: str, base_path: str):  # noqa: ANN001, ANN201 - transformers model
+    """Load a peft (LoRA) adapter onto `model` and merge it (inference then costs what the base model costs).
+
+    The adapter must have been trained on this base model: its recorded base is compared with the loaded one by
+    folder/hub name, so a SmolLM2 adapter refuses to load onto another model with one clear error.
+    """
+    trained_on = adapter_base_name(adapter)
+    if trained_on and Path(trained_on).name.lower() != Path(base_path).name.lower():
+        raise ValueError(
+            f"adapter {str(Path(adapter) / 'adapter_config.json')!r} was trained on {Path(trained_on).name!r}, "
+            f"not on {Path(base_path).name!r}: load it with the model it was trained on (e.g. policy.model: smollm2)"
+        )
+    from peft import PeftModel
+
+    try:
+        return PeftModel.from_pretrained(model, adapter).merge_and_unload()
+    except Exception as e:  # shape mismatches and missing weight files name the adapter, not a peft internal
+        raise ValueError(f"adapter {adapter!r} does not load onto {Path(base_path).name!r}: {e}") from e

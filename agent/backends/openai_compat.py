@@ -13,6 +13,15 @@ from agent.backends.base import Completion, Message, SamplingParams
 logger = logging.getLogger(__name__)
 
 
+# how each server family takes an EBNF grammar in a chat-completions request
+GRAMMAR_FIELDS = {
+    "vllm": lambda g: {"structured_outputs": {"grammar": g}},
+    "sglang": lambda g: {"ebnf": g},
+    "llamacpp": lambda g: {"grammar": g},
+    "none": None,
+}
+
+
 def to_openai_messages(messages: list[Message]) -> list[dict]:
     """Images referenced by path become `image_url` parts holding data URLs (servers cannot read our disk)."""
     out = []
@@ -52,6 +61,9 @@ class OpenAICompatiblePolicy:
         base_url: e.g. `http://127.0.0.1:8000/v1`.
         model: the model name the server expects.
         api_key: bearer token; defaults to `$OPENAI_API_KEY` or "EMPTY".
+        grammar_field: how a step grammar is sent: `vllm` (`structured_outputs: {grammar}`, also what
+            `kbrouter serve` reads), `sglang` (`ebnf`), `llamacpp` (`grammar`), or `none` (hosted APIs, which reject
+            unknown fields: constrained decoding is then unavailable).
     """
 
     def __init__(
@@ -63,8 +75,14 @@ class OpenAICompatiblePolicy:
         timeout: float = 120.0,
         retries: int = 3,
         backoff: float = 0.5,
+        grammar_field: str = "vllm",
     ) -> None:
         import httpx
+
+        if grammar_field not in GRAMMAR_FIELDS:
+            raise ValueError(f"grammar_field {grammar_field!r} is unknown; valid: {sorted(GRAMMAR_FIELDS)}")
+        self.grammar_field = grammar_field
+        self.supports_grammar = grammar_field != "none"
 
         self.name = model
         self.model = model
@@ -87,6 +105,11 @@ class OpenAICompatiblePolicy:
             body["seed"] = params.seed
         if params.top_k:
             body["top_k"] = params.top_k  # vLLM/SGLang extension
+        if params.grammar:
+            if not self.supports_grammar:
+                raise ValueError("this OpenAI-compatible policy has grammar_field 'none': it cannot send a grammar")
+            body.pop("stop", None)  # the grammar ends the reply; a stop string would cut its last tag
+            body.update(GRAMMAR_FIELDS[self.grammar_field](params.grammar))
         error = ""
         for attempt in range(self.retries + 1):
             try:
@@ -109,7 +132,11 @@ class OpenAICompatiblePolicy:
         choice = data["choices"][0]
         text = choice["message"].get("content") or ""
         # Servers drop the stop string; put the closing tag back so the parser sees a complete step.
-        if choice.get("finish_reason") == "stop" and len(params.stop) == 1 and not text.rstrip().endswith(params.stop[0]):
+        if (
+            choice.get("finish_reason") == "stop"
+            and len(params.stop) == 1
+            and not text.rstrip().endswith(params.stop[0])
+        ):
             text = text + params.stop[0]
         usage = data.get("usage") or {}
         return Completion(

@@ -16,6 +16,8 @@ class VLLMPolicy:
         limit_mm_per_prompt: e.g. {"image": 4} for a VLM.
     """
 
+    supports_grammar = True  # vLLM structured outputs (xgrammar / guidance backends)
+
     def __init__(
         self,
         model: str,
@@ -44,14 +46,19 @@ class VLLMPolicy:
     def generate(self, conversations: list[list[Message]], params: SamplingParams) -> list[Completion]:
         from agent.backends.openai_compat import to_openai_messages
 
+        extra: dict = {"stop": list(params.stop) or None}
+        if params.grammar:  # vLLM's structured outputs (the `guided_*` fields were removed in v0.12)
+            from vllm.sampling_params import StructuredOutputsParams
+
+            extra = {"structured_outputs": StructuredOutputsParams(grammar=params.grammar)}
         sp = self._vllm.SamplingParams(
             max_tokens=params.max_new_tokens,
             temperature=params.temperature,
             top_p=params.top_p,
             top_k=params.top_k if params.top_k else -1,
             seed=params.seed,
-            stop=list(params.stop) or None,
             include_stop_str_in_output=True,  # keep closing tags for the parser
+            **extra,
         )
         outputs = self.llm.chat([to_openai_messages(c) for c in conversations], sp, use_tqdm=False)
         return [

@@ -16,7 +16,7 @@ import pytest
 from agent.backends.base import Completion, SamplingParams
 from agent.kbs import KnowledgeBase
 from agent.loop import AgentConfig, Question, StepAgent
-from agent.prompts import PLAN_SYSTEM
+from agent.protocol import PLAN_SYSTEM
 from agent.types import Trajectory
 from retrievers.kb import build_kb, load_kb
 

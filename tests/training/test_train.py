@@ -63,7 +63,7 @@ def test_sft_smollm2_two_steps(smollm2_dir, short_steps_file, tmp_path):
 
 
 def test_step_grpo_tiny_qwen2_5_vl_with_image(tiny_vl_dir, coco_image, tmp_path):
-    from agent.prompts import final_messages, plan_messages
+    from agent.protocol import final_messages, plan_messages
     from training.step_data import StepRecord
 
     kbs = [("Image KB", "captioned photos"), ("Text KB", "Wikipedia")]

@@ -1,4 +1,4 @@
-"""The step protocol: tag parsing that never raises, and named format errors.
+"""The step tags: writing them, parsing them (never raises), and named format errors.
 
 A plan step is `<think>…</think><sub-question>…</sub-question><ret>…</ret>`; an answer or final step is
 `<think>…</think><answer>…</answer>`. Tags match case-insensitively, contents keep their case, text outside
@@ -61,6 +61,16 @@ def _extract(text: str, tag: str, errors: list[str], required: bool = True) -> s
             errors.append(f"empty_{key}")
         return None
     return content
+
+
+def format_plan(think: str, sub_question: str | None, kb: str | None) -> str:
+    """A plan completion: the one way tags are written (prompts' examples, SFT targets, annotation teacher)."""
+    return f"<{THINK}>{think}</{THINK}>\n<{SUB_QUESTION}>{sub_question or 'None'}</{SUB_QUESTION}>\n<{RET}>{kb or 'None'}</{RET}>"
+
+
+def format_answer(think: str, answer: str) -> str:
+    """An answer or final completion."""
+    return f"<{THINK}>{think}</{THINK}>\n<{ANSWER}>{answer}</{ANSWER}>"
 
 
 def is_none(text: str | None) -> bool:

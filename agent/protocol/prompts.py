@@ -8,10 +8,35 @@ OpenAI-compatible backend understand; text-only turns are plain strings.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 
+from agent.protocol.tags import format_answer, format_plan
 from retrievers.types import Hit
 
 Message = dict  # {"role": str, "content": str | list[dict]}
+
+
+@dataclass(frozen=True)
+class PromptSettings:
+    """Everything that changes what a prompt looks like. The loop, synthesis, training and eval render with it, and
+    each step record stores the settings it was rendered with.
+
+    The defaults are those the shipped router was trained with (no worked example); an untrained policy follows the
+    tags far more often with `few_shot=True`.
+    """
+
+    few_shot: bool = False
+    evidence_chars: int = 1200  # longest evidence text per hit
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> PromptSettings:
+        return cls(**(d or {}))
+
+
+DEFAULT_PROMPT = PromptSettings()
 
 PLAN_SYSTEM = """You answer questions step by step, looking things up in knowledge bases when you need to.
 At each step, decide whether what you already know is enough to answer the original question.
@@ -38,9 +63,7 @@ Reply in exactly this format:
 <think>your reasoning</think>
 <answer>the short final answer</answer>"""
 
-FORMAT_REMINDER = (
-    "Your last reply did not follow the format ({errors}). Reply again, using only the tags asked for."
-)
+FORMAT_REMINDER = "Your last reply did not follow the format ({errors}). Reply again, using only the tags asked for."
 
 
 def kb_list(kbs: Sequence[tuple[str, str]]) -> str:
@@ -52,7 +75,7 @@ def history_lines(history: Sequence[tuple[str, str]]) -> str:
     return "".join(f"Sub-question {i}: {q}\nAnswer {i}: {a}\n" for i, (q, a) in enumerate(history, 1))
 
 
-def render_hits(hits: Sequence[Hit], max_chars: int = 1200) -> str:
+def render_hits(hits: Sequence[Hit], max_chars: int = DEFAULT_PROMPT.evidence_chars) -> str:
     """Numbered evidence lines tagged by KB (`text-0: …`); a table keeps its rows, indented under its line."""
     lines = []
     for i, hit in enumerate(hits):
@@ -72,7 +95,10 @@ def render_hits(hits: Sequence[Hit], max_chars: int = 1200) -> str:
 def _user(text: str, images: Sequence[str]) -> Message:
     if not images:
         return {"role": "user", "content": text}
-    return {"role": "user", "content": [*({"type": "image", "image": p} for p in images), {"type": "text", "text": text}]}
+    return {
+        "role": "user",
+        "content": [*({"type": "image", "image": p} for p in images), {"type": "text", "text": text}],
+    }
 
 
 def _plan_user(question: str, history: Sequence[tuple[str, str]]) -> str:
@@ -85,16 +111,26 @@ def plan_examples(kbs: Sequence[tuple[str, str]]) -> list[Message]:
     q = "In which country was the director of the film Jaws born?"
     turns = [
         ([], "I need to know who directed Jaws first.", "Who directed the film Jaws?", kb),
-        ([("Who directed the film Jaws?", "Steven Spielberg")], "Now I need where Steven Spielberg was born.",
-         "In which country was Steven Spielberg born?", kb),
-        ([("Who directed the film Jaws?", "Steven Spielberg"),
-          ("In which country was Steven Spielberg born?", "United States")],
-         "I know enough to answer the original question.", "None", "None"),
+        (
+            [("Who directed the film Jaws?", "Steven Spielberg")],
+            "Now I need where Steven Spielberg was born.",
+            "In which country was Steven Spielberg born?",
+            kb,
+        ),
+        (
+            [
+                ("Who directed the film Jaws?", "Steven Spielberg"),
+                ("In which country was Steven Spielberg born?", "United States"),
+            ],
+            "I know enough to answer the original question.",
+            None,
+            None,
+        ),
     ]
     out: list[Message] = []
     for history, think, sub_q, ret in turns:
         out.append({"role": "user", "content": _plan_user(q, history)})
-        out.append({"role": "assistant", "content": f"<think>{think}</think>\n<sub-question>{sub_q}</sub-question>\n<ret>{ret}</ret>"})
+        out.append({"role": "assistant", "content": format_plan(think, sub_q, ret)})
     return out
 
 
@@ -103,28 +139,40 @@ def plan_messages(
     history: Sequence[tuple[str, str]],
     kbs: Sequence[tuple[str, str]],
     images: Sequence[str] = (),
-    few_shot: bool = False,
+    settings: PromptSettings = DEFAULT_PROMPT,
 ) -> list[Message]:
     """Messages for a plan step: the original question, the answered sub-questions so far, the KB list."""
     system = {"role": "system", "content": PLAN_SYSTEM.format(kb_list=kb_list(kbs))}
-    shots = plan_examples(kbs) if few_shot else []
+    shots = plan_examples(kbs) if settings.few_shot else []
     return [system, *shots, _user(_plan_user(question, history), images)]
 
 
 ANSWER_EXAMPLE: list[Message] = [
-    {"role": "user", "content": "Evidence:\ntext-0: Jaws (film): Jaws is a 1975 American thriller film directed by Steven "
-     "Spielberg.\n\nQuestion: Who directed the film Jaws?"},
-    {"role": "assistant", "content": "<think>The evidence says Jaws was directed by Steven Spielberg.</think>\n"
-     "<answer>Steven Spielberg</answer>"},
+    {
+        "role": "user",
+        "content": "Evidence:\ntext-0: Jaws (film): Jaws is a 1975 American thriller film directed by Steven "
+        "Spielberg.\n\nQuestion: Who directed the film Jaws?",
+    },
+    {
+        "role": "assistant",
+        "content": format_answer("The evidence says Jaws was directed by Steven Spielberg.", "Steven Spielberg"),
+    },
 ]
 
 FINAL_EXAMPLE: list[Message] = [
-    {"role": "user", "content": "Original question: In which country was the director of the film Jaws born?\n"
-     "Sub-question 1: Who directed the film Jaws?\nAnswer 1: Steven Spielberg\n"
-     "Sub-question 2: In which country was Steven Spielberg born?\nAnswer 2: United States\n"
-     "Now give the final answer to the original question: In which country was the director of the film Jaws born?"},
-    {"role": "assistant", "content": "<think>Jaws was directed by Steven Spielberg, who was born in the United States."
-     "</think>\n<answer>United States</answer>"},
+    {
+        "role": "user",
+        "content": "Original question: In which country was the director of the film Jaws born?\n"
+        "Sub-question 1: Who directed the film Jaws?\nAnswer 1: Steven Spielberg\n"
+        "Sub-question 2: In which country was Steven Spielberg born?\nAnswer 2: United States\n"
+        "Now give the final answer to the original question: In which country was the director of the film Jaws born?",
+    },
+    {
+        "role": "assistant",
+        "content": format_answer(
+            "Jaws was directed by Steven Spielberg, who was born in the United States.", "United States"
+        ),
+    },
 ]
 
 
@@ -132,11 +180,11 @@ def answer_messages(
     sub_question: str,
     hits: Sequence[Hit],
     images: Sequence[str] = (),
-    few_shot: bool = False,
+    settings: PromptSettings = DEFAULT_PROMPT,
 ) -> list[Message]:
     """Messages for an intermediate-answer step: only the sub-question and its evidence (and the question image)."""
-    user = f"Evidence:\n{render_hits(hits)}\n\nQuestion: {sub_question}"
-    shots = ANSWER_EXAMPLE if few_shot else []
+    user = f"Evidence:\n{render_hits(hits, settings.evidence_chars)}\n\nQuestion: {sub_question}"
+    shots = ANSWER_EXAMPLE if settings.few_shot else []
     return [{"role": "system", "content": ANSWER_SYSTEM}, *shots, _user(user, images)]
 
 
@@ -144,11 +192,11 @@ def final_messages(
     question: str,
     history: Sequence[tuple[str, str]],
     images: Sequence[str] = (),
-    few_shot: bool = False,
+    settings: PromptSettings = DEFAULT_PROMPT,
 ) -> list[Message]:
     """Messages for the final step: the original question and the whole history."""
     user = f"Original question: {question}\n{history_lines(history)}Now give the final answer to the original question: {question}"
-    shots = FINAL_EXAMPLE if few_shot else []
+    shots = FINAL_EXAMPLE if settings.few_shot else []
     return [{"role": "system", "content": FINAL_SYSTEM}, *shots, _user(user, images)]
 
 

@@ -1,0 +1,41 @@
+"""The step format, owned in one place: the prompts (`prompts`), the tags (`tags`: write and parse) and the grammars
+that constrain decoding to them (`grammar`), all generated from the configured KB set."""
+
+from agent.protocol.grammar import STOP_PLAN, StepGrammar, answer_grammar, check_display_name, plan_grammar
+from agent.protocol.prompts import (
+    DEFAULT_PROMPT,
+    FINAL_SYSTEM,
+    PLAN_SYSTEM,
+    PromptSettings,
+    answer_messages,
+    final_messages,
+    history_lines,
+    kb_list,
+    plan_messages,
+    render_hits,
+    with_format_reminder,
+)
+from agent.protocol.tags import (
+    ANSWER,
+    FORMAT_ERRORS,
+    NONE_WORDS,
+    RET,
+    SUB_QUESTION,
+    THINK,
+    AnswerParse,
+    PlanParse,
+    format_answer,
+    format_plan,
+    is_none,
+    normalize_kb,
+    parse_answer,
+    parse_plan,
+)
+
+__all__ = [
+    "ANSWER", "DEFAULT_PROMPT", "FINAL_SYSTEM", "FORMAT_ERRORS", "NONE_WORDS", "PLAN_SYSTEM", "RET", "STOP_PLAN",
+    "SUB_QUESTION", "THINK", "AnswerParse", "PlanParse", "PromptSettings", "StepGrammar", "answer_grammar",
+    "answer_messages", "check_display_name", "final_messages", "format_answer", "format_plan", "history_lines",
+    "is_none", "kb_list", "normalize_kb", "parse_answer", "parse_plan", "plan_grammar", "plan_messages",
+    "render_hits", "with_format_reminder",
+]  # fmt: skip

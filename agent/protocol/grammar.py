@@ -1,0 +1,118 @@
+"""Grammars of the step format, generated from the configured KB set.
+
+A plan step must read `<think>T</think>\\n<sub-question>Q?</sub-question>\\n<ret>KB</ret>` (Q a question, KB one of
+the display names) or `<think>T</think>\\n<sub-question>None</sub-question>\\n<ret>None</ret>`; an answer or final
+step `<think>T</think>\\n<answer>A</answer>`. The grammars are EBNF in the dialect that xgrammar, vLLM's
+`structured_outputs.grammar`, SGLang's `ebnf` and llama.cpp's GBNF `grammar` all read.
+
+Why a step always closes inside its token budget: contents are limited in characters, and every allowed character
+is at most 2 UTF-8 bytes (code points U+0020-U+07FF: Latin, Greek, Cyrillic, Hebrew, Arabic), so a byte-level
+tokenizer (every byte is a token) needs at most 2 tokens for it. The whole output is then at most
+`max_bytes(grammar)` tokens (+1 for end-of-sequence); the character limits are derived from the budget to fit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+from agent.protocol.tags import ANSWER, NONE_WORDS, RET, SUB_QUESTION, THINK
+
+# any character from U+0020 to U+07FF except the tag brackets; the first one of a field is not a space
+_CHAR = r"[ -;=?-\u07FF]"
+_FIRST = r"[!-;=?-\u07FF]"
+_BYTES_PER_CHAR = 2
+_THINK_SHARE = 0.4  # of a plan's free characters; the sub-question gets the rest
+_MIN_CHARS = 8
+
+STOP_PLAN = f"<{SUB_QUESTION}>None</{SUB_QUESTION}>\n<{RET}>None</{RET}>"
+
+
+def check_display_name(name: str, where: str = "knowledge base") -> None:
+    """Raise when a KB display name cannot be written inside `<ret>` (the grammar could not express it)."""
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"{where}: display_name is empty; give it a name the policy can write in <ret>")
+    bad = sorted({c for c in name if c in '<>"\\' or ord(c) < 0x20 or ord(c) > 0x7FF})
+    if bad:
+        raise ValueError(
+            f"{where}: display_name {name!r} holds {bad}, which cannot appear inside <ret>…</ret>; "
+            "use letters, digits, spaces and simple punctuation"
+        )
+    if name.strip().strip(".").lower() in NONE_WORDS:
+        raise ValueError(f"{where}: display_name {name!r} reads as 'None' (no retrieval); choose another name")
+
+
+@dataclass(frozen=True)
+class StepGrammar:
+    """One step type's grammar with the worst-case length of any output it allows."""
+
+    ebnf: str
+    max_tokens: int  # upper bound on tokens of a complete output, end-of-sequence included
+    limits: dict[str, int]
+
+
+def _literal(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def _field(name: str, chars: int) -> str:
+    return f"{name} ::= {_FIRST} {_CHAR}{{0,{chars - 1}}}"
+
+
+def _fixed_bytes(parts: Sequence[str]) -> int:
+    return sum(len(p.encode()) for p in parts)
+
+
+def _split_chars(budget_tokens: int, fixed: int, shares: Sequence[float], step: str) -> list[int]:
+    free = (budget_tokens - 1 - fixed) // _BYTES_PER_CHAR
+    chars = [int(free * s) for s in shares]
+    if min(chars) < _MIN_CHARS:
+        need = fixed + 1 + _BYTES_PER_CHAR * _MIN_CHARS * len(shares) / min(shares)
+        raise ValueError(
+            f"a {step} token budget of {budget_tokens} leaves {free} characters for the step's text; "
+            f"raise it to at least {int(need) + 1} (agent.{step}_tokens)"
+        )
+    return chars
+
+
+@lru_cache(maxsize=64)
+def plan_grammar(kb_names: tuple[str, ...], budget_tokens: int) -> StepGrammar:
+    """The plan grammar over these display names, sized to close within `budget_tokens`. Cached per KB set."""
+    if not kb_names:
+        raise ValueError("a plan grammar needs at least one knowledge base")
+    for n in kb_names:
+        check_display_name(n)
+    open_think, mid = f"<{THINK}>", f"</{THINK}>\n"
+    ask_open, ask_mid, ask_close = f"<{SUB_QUESTION}>", f"?</{SUB_QUESTION}>\n<{RET}>", f"</{RET}>"
+    longest_kb = max(len(n.encode()) for n in kb_names)
+    fixed = _fixed_bytes([open_think, mid, ask_open, ask_mid, ask_close]) + max(longest_kb, 0)
+    fixed = max(fixed, _fixed_bytes([open_think, mid, STOP_PLAN]))
+    think_chars, question_chars = _split_chars(budget_tokens, fixed, (_THINK_SHARE, 1 - _THINK_SHARE), "plan")
+    kbs = " | ".join(_literal(n) for n in kb_names)
+    ebnf = "\n".join([
+        f"root ::= {_literal(open_think)} think {_literal(mid)} (ask | stop)",
+        f"ask ::= {_literal(ask_open)} question {_literal(ask_mid)} kb {_literal(ask_close)}",
+        f"stop ::= {_literal(STOP_PLAN)}",
+        f"kb ::= {kbs}",
+        _field("think", think_chars),
+        # a sub-question ends with "?" (in `ask`), so it never reads as None
+        _field("question", question_chars - 1),
+    ])  # fmt: skip
+    bound = fixed + _BYTES_PER_CHAR * (think_chars + question_chars) + 1
+    return StepGrammar(ebnf, bound, {"think_chars": think_chars, "sub_question_chars": question_chars})
+
+
+@lru_cache(maxsize=8)
+def answer_grammar(budget_tokens: int) -> StepGrammar:
+    """The answer/final grammar, sized to close within `budget_tokens`."""
+    open_think, mid, close = f"<{THINK}>", f"</{THINK}>\n<{ANSWER}>", f"</{ANSWER}>"
+    fixed = _fixed_bytes([open_think, mid, close])
+    think_chars, answer_chars = _split_chars(budget_tokens, fixed, (0.5, 0.5), "answer")
+    ebnf = "\n".join([
+        f"root ::= {_literal(open_think)} think {_literal(mid)} answer {_literal(close)}",
+        _field("think", think_chars),
+        _field("answer", answer_chars),
+    ])  # fmt: skip
+    bound = fixed + _BYTES_PER_CHAR * (think_chars + answer_chars) + 1
+    return StepGrammar(ebnf, bound, {"think_chars": think_chars, "answer_chars": answer_chars})
