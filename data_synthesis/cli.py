@@ -4,6 +4,9 @@ CPU (here: SmolLM2-135M teacher, a few dozen shared questions, minutes):
     kbrouter synth --config configs/synth/smollm2_cpu.yaml
     kbrouter synth --config configs/synth/smollm2_cpu.yaml --m 1 --output_dir runs/synth/try1
 
+Annotation teacher (no model: gold steps from each dataset's own supervision, evidence from the real KBs, minutes):
+    kbrouter synth --config configs/synth/annotation_cpu.yaml
+
 GPU cluster (vLLM teacher), one job per shard, then merge:
     kbrouter synth --config configs/synth/paper_r1_32b_vllm.yaml --shard 3 --num-shards 16
     kbrouter synth-merge --output_dir runs/synth/paper_r1_32b

@@ -11,10 +11,15 @@ A recipe looks like::
     max_steps: 2
     output_dir: runs/synth/smollm2_cpu
 
-Paths inside the YAML (`inputs[].path`, `inputs[].image_root`, `kb_config`) resolve against the YAML file's folder,
-as in KB files; `output_dir` and every path given as a flag resolve against the working directory. Nested keys are
-overridden with dots: `--teacher.model /models/qwen --rejection.require_no_format_errors true`. Loading has no side
-effects (nothing is created or loaded).
+The annotation teacher (`teacher: {backend: annotation}`, `data_synthesis.annotation`) needs no model: it builds gold
+trajectories from each dataset's own supervision and checks them with the real retrievers; each input then names the
+KB its gold steps search (`kb: wiki`), and `exclude_split: ../../data/splits/shared_heldout.json` keeps held-out
+questions out of training.
+
+Paths inside the YAML (`inputs[].path`, `inputs[].image_root`, `inputs[].exclude_split`, `kb_config`) resolve against
+the YAML file's folder, as in KB files; `output_dir` and every path given as a flag resolve against the working
+directory. Nested keys are overridden with dots: `--teacher.model /models/qwen --rejection.require_no_format_errors
+true`. Loading has no side effects (nothing is created or loaded).
 """
 
 from __future__ import annotations
@@ -30,7 +35,9 @@ import yaml
 
 from agent.backends.factory import BACKENDS, PolicyConfig
 
-INPUT_FORMATS = ("generic", "shared_text", "r1router", "tabfact", "coco")
+INPUT_FORMATS = ("generic", "shared_text", "r1router", "tabfact", "wtq", "coco", "video", "r1router_steps")
+ANNOTATION = "annotation"  # the teacher that needs no model (data_synthesis.annotation)
+TEACHERS = (*BACKENDS, ANNOTATION)
 EXPORT_FORMATS = ("parquet", "disk", "none")
 
 
@@ -52,37 +59,63 @@ class InputSpec:
     dataset: str = field(default="", metadata={"help": "name used in ids and summaries; default: from the rows/file"})
     columns: dict = field(default_factory=dict, metadata={"help": "generic: {id, question, answers, image} -> column"})
     image_root: str = field(default="", metadata={"help": "folder of the images (r1router/coco); empty = text only"})
-    image_pattern: str = field(default="{image_id}.jpg", metadata={"help": "r1router image file name under image_root"})
+    image_pattern: str = field(
+        default="{image_id}.jpg", metadata={"help": "r1router image file name under image_root"}
+    )
     limit: int | None = field(default=None, metadata={"help": "first N rows only"})
+    exclude_split: str = field(
+        default="",
+        metadata={
+            "help": "held-out split JSON (scripts/make_splits.py): its questions, tables and images are never read"
+        },
+    )
+    sample: int | None = field(default=None, metadata={"help": "N rows drawn at random (seeded) after exclusion"})
+    seed: int = field(default=0, metadata={"help": "seed of `sample`"})
+    kb: str = field(default="", metadata={"help": "annotation teacher: the KB name its gold steps search"})
+    describe_image: bool = field(
+        default=False,
+        metadata={"help": "annotation, coco: describe the photo in the sub-question by one of its captions"},
+    )
+    kb_map: dict = field(
+        default_factory=dict,
+        metadata={"help": "r1router_steps: paper retriever name -> KB name, e.g. {text retriever: wiki}"},
+    )
 
     def __post_init__(self) -> None:
         if self.format not in INPUT_FORMATS:
             raise ValueError(f"input {self.path!r}: unknown format {self.format!r}; use one of {INPUT_FORMATS}")
         if self.limit is not None and self.limit < 1:
             raise ValueError(f"input {self.path!r}: `limit` must be >= 1 or null, got {self.limit}")
+        if self.sample is not None and self.sample < 1:
+            raise ValueError(f"input {self.path!r}: `sample` must be >= 1 or null, got {self.sample}")
 
 
 @dataclass(frozen=True)
 class TeacherSpec:
     """The teacher policy: an `agent.backends.factory.PolicyConfig` (backend, model, ...) plus retry settings."""
 
-    backend: str = field(default="transformers", metadata={"help": f"one of {BACKENDS}"})
+    backend: str = field(default="transformers", metadata={"help": f"one of {TEACHERS}"})
     model: str = field(default="smollm2", metadata={"help": "local folder, hub name, `smollm2`, or served model name"})
     dtype: str = "float32"
     device: str | None = None
     max_batch_size: int = field(default=16, metadata={"help": "conversations per generate call"})
-    kwargs: dict = field(default_factory=dict, metadata={"help": "other PolicyConfig keys: base_url, "
-                                                                  "tensor_parallel_size, max_model_len, ..."})
+    kwargs: dict = field(
+        default_factory=dict,
+        metadata={"help": "other PolicyConfig keys: base_url, tensor_parallel_size, max_model_len, ..."},
+    )
     retries: int = field(default=3, metadata={"help": "retries of a failed request before `backend_error`"})
     backoff_s: float = field(default=2.0, metadata={"help": "first back-off; doubles on each retry"})
 
     def __post_init__(self) -> None:
         if self.retries < 0 or self.backoff_s < 0:
             raise ValueError("teacher.retries and teacher.backoff_s must be >= 0; e.g. `retries: 3, backoff_s: 2`")
-        self.policy_config()  # validates backend and kwargs now, before anything loads
+        if self.backend != ANNOTATION:
+            self.policy_config()  # validates backend and kwargs now, before anything loads
 
     def policy_config(self) -> PolicyConfig:
         """The backend settings as `agent.backends.factory.PolicyConfig`."""
+        if self.backend == ANNOTATION:
+            raise ValueError("the annotation teacher has no policy; it runs through data_synthesis.annotation")
         return PolicyConfig.from_dict({"backend": self.backend, "model": self.model, "dtype": self.dtype,
                                        "device": self.device, "max_batch_size": self.max_batch_size, **self.kwargs},
                                       where="teacher")  # fmt: skip
@@ -151,6 +184,18 @@ class SynthConfig:
             self.rejection = RejectionSpec(**self.rejection)
         if self.m < 1:
             raise ValueError(f"`m` ({self.m}) must be >= 1 samples per question; e.g. `m: 4`")
+        if self.teacher.backend == ANNOTATION:
+            if self.m != 1:
+                raise ValueError(f"`m` is {self.m}, but the annotation teacher writes one gold trajectory per "
+                                 "question; set `m: 1`")  # fmt: skip
+            missing = [s.path for s in self.inputs if not s.kb and s.format != "r1router_steps"]
+            if missing:
+                raise ValueError(f"the annotation teacher needs the KB each input's gold steps search; set e.g. "
+                                 f"`kb: wiki` on input(s) {missing}")  # fmt: skip
+            unmapped = [s.path for s in self.inputs if s.format == "r1router_steps" and not s.kb_map]
+            if unmapped:
+                raise ValueError(f"r1router_steps input(s) {unmapped} need `kb_map` (paper retriever -> KB name), "
+                                 "e.g. `kb_map: {text retriever: wiki, table retriever: wtq}`")  # fmt: skip
         if self.m > 1 and self.temperature <= 0:
             raise ValueError(f"`m` is {self.m} but temperature is {self.temperature}: greedy samples are identical; "
                              "set e.g. `temperature: 0.7`")  # fmt: skip
@@ -215,7 +260,7 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
             raise ValueError(f"{path}: a recipe is a mapping of keys to values")
         base = path.resolve().parent
         for spec in values.get("inputs") or []:
-            for key in ("path", "image_root"):
+            for key in ("path", "image_root", "exclude_split"):
                 if isinstance(spec, dict) and spec.get(key):
                     spec[key] = _resolve(spec[key], base)
         kb = values.get("kb_config")

@@ -2,11 +2,15 @@
 
 Work plan, deterministic from the inputs and the recipe:
 
-1. Read the inputs (`data_synthesis.inputs`); rows without gold, with a missing image, ... are skipped and counted.
+1. Read the inputs (`data_synthesis.inputs`); rows without gold, with a missing image, held out by `exclude_split`,
+   ... are skipped and counted. With the annotation teacher (`teacher.backend: annotation`) every question is also
+   planned from its own supervision (`data_synthesis.gold_plans`); a row lacking the fields its planner needs is a
+   skip too.
 2. Shard by id: question `q` belongs to shard `sha1(q.id) % num_shards`, whatever the file order or machine.
 3. Cut the shard's questions, in input order, into batches of `questions_per_batch`; each batch runs all `m`
    samples of its questions in one lockstep `StepAgent.run_batch` (sample `k` of question `q` is the trajectory
-   `q#k`). Every sample of a question is in the same batch, so duplicates are dropped within the batch.
+   `q#k`), or, with the annotation teacher, one `AnnotationTeacher.run_batch` (one gold trajectory `q#0` each).
+   Every sample of a question is in the same batch, so duplicates are dropped within the batch.
 4. Seeds: batch `b` runs with `AgentConfig(seed=batch_seed(cfg.seed, first id of b))`. Its composition is fixed by
    rule 3, so a recomputed batch sees the same seeds and rows: outputs depend on (question ids, sample index, base
    seed) and not on when the job was (re)started. With a seeded backend (transformers with a fixed batch split,
@@ -34,7 +38,7 @@ from pathlib import Path
 from agent.backends.base import Policy
 from agent.kbs import KnowledgeBase
 from agent.loop import AgentConfig, Question, StepAgent
-from data_synthesis.config import SynthConfig
+from data_synthesis.config import ANNOTATION, SynthConfig
 from data_synthesis.inputs import Skip, read_inputs
 from data_synthesis.rejection import judge_group
 
@@ -138,12 +142,17 @@ def load_kbs(cfg: SynthConfig) -> dict[str, KnowledgeBase]:
         values = [getattr(c, key) for c in configs]
         if len(set(values)) != len(values):
             raise ValueError(f"KB {key}s repeat across {files}: {values}; keep one KB per {key} (see `kbs`)")
+    missing = [(c.name, str(c.corpus)) for c in configs if "remote" not in c.options and not Path(c.corpus).exists()]
+    if missing:
+        raise FileNotFoundError(f"KB corpus missing: {missing}. Corpora under outputs/eval_corpora are derived from the "
+                                "shared data: write them with `python -m eval.corpora --out outputs/eval_corpora`")  # fmt: skip
     kbs = {}
     for c in configs:
         if cfg.build_kbs:
             build_kb(c, progress=False)
-        kbs[c.display_name] = KnowledgeBase(c.name, c.display_name, load_kb(c), c.k,
-                                            c.description or describe(c.kind, c.granularity, c.options or {}))
+        kbs[c.display_name] = KnowledgeBase(
+            c.name, c.display_name, load_kb(c), c.k, c.description or describe(c.kind, c.granularity, c.options or {})
+        )
     return kbs
 
 
@@ -161,23 +170,28 @@ def expand(batch: Sequence[Question], m: int) -> list[Question]:
     return [replace(q, id=f"{q.id}#{k}", metadata={**q.metadata, "sample": k}) for q in batch for k in range(m)]
 
 
-def prepare(cfg: SynthConfig) -> tuple[list[Question], list[Skip]]:
-    """This shard's questions (input order) and skipped rows."""
-    questions, skips = read_inputs(cfg.inputs)
+def prepare(cfg: SynthConfig) -> tuple[list[Question], list[Skip], dict]:
+    """This shard's questions (input order), skipped rows and, for the annotation teacher, gold plans by id."""
+    plans: dict = {}
+    if cfg.teacher.backend == ANNOTATION:
+        from data_synthesis.annotation import plan_questions
+
+        questions, skips, plans = plan_questions(cfg)
+    else:
+        questions, skips = read_inputs(cfg.inputs)
     mine = [q for q in questions if shard_of(q.id, cfg.num_shards) == cfg.shard]
     my_skips = [s for s in skips if shard_of(s.id, cfg.num_shards) == cfg.shard]
-    return mine, my_skips
+    return mine, my_skips, plans
 
 
-def run_synthesis(
-    cfg: SynthConfig, policy: Policy | None = None, kbs: dict[str, KnowledgeBase] | None = None
-) -> dict:
+def run_synthesis(cfg: SynthConfig, policy: Policy | None = None, kbs: dict[str, KnowledgeBase] | None = None) -> dict:
     """Run (or resume) this shard of the job; returns its summary (also written to `summary.json`).
 
     Args:
         cfg: the recipe.
         policy: the teacher; default `teacher.build_teacher(cfg.teacher)`. Any other policy is wrapped in a
-            `RetryingPolicy` with `cfg.teacher.retries` / `backoff_s` (unless it is one already).
+            `RetryingPolicy` with `cfg.teacher.retries` / `backoff_s` (unless it is one already). Unused by the
+            annotation teacher.
         kbs: the KBs keyed by display name; default `load_kbs(cfg)`.
     """
     from data_synthesis.records import step_records
@@ -187,7 +201,7 @@ def run_synthesis(
     if cfg.num_shards == 1 and (folder / "shards").exists():
         raise ValueError(f"{folder} holds a sharded run (shards/); use its --num-shards, or a new `output_dir`")
     folder.mkdir(parents=True, exist_ok=True)
-    questions, skips = prepare(cfg)
+    questions, skips, plans = prepare(cfg)
     batches = plan_batches(questions, cfg.questions_per_batch)
     manifest = {"config_hash": cfg.result_hash(), "shard": cfg.shard, "num_shards": cfg.num_shards,
                 "questions": len(questions), "batches": len(batches), "m": cfg.m}  # fmt: skip
@@ -215,20 +229,28 @@ def run_synthesis(
     if todo:
         from data_synthesis.teacher import RetryingPolicy, build_teacher
 
-        if policy is None:
+        annotator = None
+        kbs = kbs if kbs is not None else load_kbs(cfg)
+        if cfg.teacher.backend == ANNOTATION:
+            from data_synthesis.annotation import AnnotationTeacher
+
+            annotator = AnnotationTeacher(kbs, plans, cfg.top_k_hits, cfg.max_steps)
+        elif policy is None:
             policy = build_teacher(cfg.teacher)
         elif not isinstance(policy, RetryingPolicy):
             policy = RetryingPolicy(policy, retries=cfg.teacher.retries, backoff_s=cfg.teacher.backoff_s)
-        kbs = kbs if kbs is not None else load_kbs(cfg)
         kb_menu = [(kb.display_name, kb.description) for kb in kbs.values()]
         display_names = {kb.name: kb.display_name for kb in kbs.values()}
         bar = _progress_bar(cfg, total=len(questions), initial=sum(len(batches[b]) for b in done))
         accepted = sum(p["accepted"] for p in progress)
         for b in todo:
             t0 = time.perf_counter()
-            failures0 = policy.failures
-            agent = StepAgent(policy, kbs, agent_config(cfg, batch_seed(cfg.seed, batches[b][0].id)))
-            trajectories = agent.run_batch(expand(batches[b], cfg.m))
+            failures0 = policy.failures if annotator is None else 0
+            if annotator is not None:
+                trajectories = annotator.run_batch(batches[b])
+            else:
+                agent = StepAgent(policy, kbs, agent_config(cfg, batch_seed(cfg.seed, batches[b][0].id)))
+                trajectories = agent.run_batch(expand(batches[b], cfg.m))
             lines: dict[str, list[str]] = {name: [] for name in OUTPUTS}
             n_acc = 0
             for start in range(0, len(trajectories), cfg.m):
@@ -249,7 +271,7 @@ def run_synthesis(
             seconds = time.perf_counter() - t0
             commit = {"batch": b, "ids": [q.id for q in batches[b]], "trajectories": len(trajectories),
                       "accepted": n_acc, "seconds": round(seconds, 3), "sizes": sizes,
-                      "teacher_failures": policy.failures - failures0}  # fmt: skip
+                      "teacher_failures": (policy.failures - failures0) if annotator is None else 0}  # fmt: skip
             _append(folder / PROGRESS, [_dumps(commit)])  # the commit point
             progress.append(commit)
             accepted += n_acc

@@ -1,9 +1,9 @@
 """Step-level training records of accepted trajectories, and the `datasets` export.
 
-`steps.jsonl` holds `training.step_data.StepRecord`s (one line per step prompt: plan / answer / final, with the chat
-messages, images and gold target), cut by `training.step_data.records_from_trajectory`, i.e. exactly what
-`kbrouter train` reads (`train_format: steps`). This module is the one place `data_synthesis` touches `training`
-(the step-record format is owned there); it is imported lazily so the rest of the job does not depend on it.
+`steps.jsonl` holds `agent.step_records.StepRecord`s (one line per step prompt: plan / answer / final, with the chat
+messages, images and gold target), cut by `agent.step_records.records_from_trajectory`, i.e. exactly what
+`kbrouter train` reads (`train_format: steps`). The prompts are rendered with `STEP_PROMPT` (no worked example,
+whatever the teacher was shown), the prompts the trained router sees at inference; each record stores them.
 
 The export (`export/steps.parquet`, `export/trajectories.parquet`, or `save_to_disk` folders) flattens the records
 to Arrow-friendly columns: every message's content becomes a list of `{type, text, image}` parts, the gold a
@@ -18,10 +18,13 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
+from agent.protocol import PromptSettings
 from agent.step_records import records_from_trajectory
 from agent.types import Trajectory
 
 logger = logging.getLogger(__name__)
+
+STEP_PROMPT = PromptSettings(few_shot=False)  # training prompts = the trained router's inference prompts
 
 
 def step_records(traj: Trajectory, kbs: list[tuple[str, str]], display_names: dict[str, str]) -> list[dict]:
@@ -37,7 +40,7 @@ def step_records(traj: Trajectory, kbs: list[tuple[str, str]], display_names: di
     """
     steps = tuple(replace(s, kb=display_names.get(s.kb, s.kb)) if s.kb else s for s in traj.steps)
     out = []
-    for r in records_from_trajectory(replace(traj, steps=steps), kbs):
+    for r in records_from_trajectory(replace(traj, steps=steps), kbs, STEP_PROMPT):
         d = r.to_dict()
         d["metadata"] = {**d["metadata"], "dataset": traj.metadata.get("dataset", ""),
                          "question_id": traj.metadata.get("question_id", traj.id),
@@ -62,8 +65,12 @@ def flat_step(d: dict) -> dict:
         "messages": [{"role": m["role"], "content": _parts(m["content"])} for m in d["messages"]],
         "images": list(d["images"]),
         "kb_names": list(d["kb_names"]),
-        "gold": {"sub_question": gold.get("sub_question"), "kb": gold.get("kb"),
-                 "answers": [str(a) for a in gold.get("answers") or []], "think": gold.get("think")},  # fmt: skip
+        "gold": {
+            "sub_question": gold.get("sub_question"),
+            "kb": gold.get("kb"),
+            "answers": [str(a) for a in gold.get("answers") or []],
+            "think": gold.get("think"),
+        },  # fmt: skip
         "dataset": d["metadata"].get("dataset", ""),
         "question_id": str(d["metadata"].get("question_id", "")),
     }

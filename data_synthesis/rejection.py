@@ -12,6 +12,7 @@ Reasons, in the order they are checked:
 | `backend_error` | the teacher (after retries) or a KB failed; the trajectory is incomplete |
 | `empty_answer` | no final answer text |
 | `wrong_answer` | final answer F1-recall < 1 against every gold |
+| `missing_support` | (gold steps: the annotation teacher) a step's hits do not hold its gold support |
 | `format_error` | (rule) a plan, answer or final reply had a format error, even if a re-ask fixed it |
 | `unsupported_answer` | (rule) an intermediate answer shares < `min_evidence_overlap` of its tokens with its hits |
 | `too_many_steps` | (rule) more retrieval steps than `rejection.max_steps` |
@@ -21,11 +22,14 @@ Reasons, in the order they are checked:
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agent.types import Trajectory
 from data_synthesis.config import RejectionSpec
 from eval.metrics import f1_recall, normalize_answer
+from retrievers.types import Hit
 
 REASONS = (
     "backend_error",
@@ -37,6 +41,8 @@ REASONS = (
     "empty_intermediate_answer",
     "duplicate",
 )
+# Only trajectories with gold steps (metadata `gold_support`, written by the annotation teacher) can miss a support.
+MISSING_SUPPORT = "missing_support"
 
 
 def answer_score(prediction: str, golds: tuple[str, ...] | list[str]) -> float:
@@ -47,6 +53,59 @@ def answer_score(prediction: str, golds: tuple[str, ...] | list[str]) -> float:
 def retrieval_steps(traj: Trajectory) -> list:
     """The steps that asked a sub-question (a final `None` plan step is not a retrieval)."""
     return [s for s in traj.steps if s.sub_question is not None]
+
+
+def support_keys(hit: Hit) -> set[str]:
+    """The ids a hit answers to: its doc id, the source record of a chunk (`metadata.doc_id`, `<id>#<i>` cut)."""
+    keys = {hit.doc.id, re.sub(r"#\d+$", "", hit.doc.id)}
+    if hit.doc.metadata.get("doc_id") is not None:
+        keys.add(str(hit.doc.metadata["doc_id"]))
+    return keys
+
+
+def _clip(hit: Hit) -> tuple[str, float, float] | None:
+    """(video id, start, end) of a clip hit: a clip KB's `media` span, or a clip corpus' `start`/`end` columns."""
+    meta = hit.doc.metadata
+    video = meta.get("video_id")
+    if video is None:
+        return None
+    if hit.doc.media is not None and hit.doc.media.start is not None:
+        return str(video), float(hit.doc.media.start), float(hit.doc.media.end)
+    if meta.get("start") is not None and meta.get("end") is not None:
+        return str(video), float(meta["start"]), float(meta["end"])
+    return None
+
+
+def support_rank(hits: Sequence[Hit], support: dict) -> int | None:
+    """Position of the first hit that holds (part of) `support`, or None.
+
+    A support is `{"ids": [...], "need": "all"|"any"}` (doc, table or image ids) or `{"video_id", "span": [s, e]}`
+    (any clip of that video overlapping the span).
+    """
+    for i, hit in enumerate(hits):
+        if "span" in support:
+            clip = _clip(hit)
+            start, end = support["span"]
+            if clip is not None and clip[0] == support["video_id"] and clip[1] < end and clip[2] > start:
+                return i
+        elif support_keys(hit) & set(support["ids"]):
+            return i
+    return None
+
+
+def holds_support(hits: Sequence[Hit], support: dict) -> bool:
+    """Whether the hits hold the gold support: every id (`need: all`), any id, or a clip overlapping the span.
+
+    Example:
+        >>> from retrievers.types import Doc
+        >>> hits = [Hit(Doc("wiki-1#0", "…", metadata={"doc_id": "wiki-1"}), 1.0, 0, "wiki")]
+        >>> holds_support(hits, {"ids": ["wiki-1"], "need": "all"}), holds_support(hits, {"ids": ["wiki-2"]})
+        (True, False)
+    """
+    if "span" in support or support.get("need", "all") == "any":
+        return support_rank(hits, support) is not None
+    found = set().union(*(support_keys(h) for h in hits)) if hits else set()
+    return set(support["ids"]) <= found
 
 
 def has_format_error(traj: Trajectory) -> bool:
@@ -78,9 +137,13 @@ def rejection_reasons(traj: Trajectory, rules: RejectionSpec) -> list[str]:
         reasons.append("empty_answer")
     elif answer_score(traj.final_answer, traj.gold or ()) < 1.0:
         reasons.append("wrong_answer")
+    steps = retrieval_steps(traj)
+    supports = traj.metadata.get("gold_support")
+    if supports is not None and (len(steps) != len(supports) or any(
+            sup is not None and not holds_support(s.hits, sup) for s, sup in zip(steps, supports, strict=True))):  # fmt: skip
+        reasons.append(MISSING_SUPPORT)
     if rules.require_no_format_errors and has_format_error(traj):
         reasons.append("format_error")
-    steps = retrieval_steps(traj)
     if rules.require_evidence_overlap:
         for s in steps:
             evidence = "\n".join(h.doc.text for h in s.hits)
@@ -97,7 +160,9 @@ def rejection_reasons(traj: Trajectory, rules: RejectionSpec) -> list[str]:
 def dedupe_key(traj: Trajectory) -> tuple:
     """What makes two samples of one question the same trajectory: normalised sub-questions, KBs, answers."""
     return (
-        tuple((normalize_answer(s.sub_question or ""), s.kb, normalize_answer(s.answer)) for s in retrieval_steps(traj)),
+        tuple(
+            (normalize_answer(s.sub_question or ""), s.kb, normalize_answer(s.answer)) for s in retrieval_steps(traj)
+        ),
         normalize_answer(traj.final_answer),
     )
 

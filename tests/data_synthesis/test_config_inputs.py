@@ -105,7 +105,9 @@ def test_infoseek_numeric_range_and_dynvqa_nan(shared_path):
 
 def test_missing_image_is_reported_with_the_question_id(tmp_path, caplog):
     qa = tmp_path / "qa.jsonl"
-    qa.write_text(json.dumps({"image_id": 42, "question": "What is this?", "answer": ["a cat"], "data_id": "x1"}) + "\n")
+    qa.write_text(
+        json.dumps({"image_id": 42, "question": "What is this?", "answer": ["a cat"], "data_id": "x1"}) + "\n"
+    )
     questions, skips = read_inputs([InputSpec(path=str(qa), format="r1router", image_root=str(tmp_path))])
     assert not questions and skips[0].id == "x1" and skips[0].reason == "missing_image"
     assert "x1" in caplog.text and "42.jpg" in caplog.text
@@ -114,8 +116,10 @@ def test_missing_image_is_reported_with_the_question_id(tmp_path, caplog):
 def test_generic_parquet_with_column_mapping(tmp_path):
     import datasets
 
-    rows = [{"uid": "a", "q": "Who wrote Hamlet?", "gold": "Shakespeare"},  # a string gold -> one-gold list
-            {"uid": "b", "q": "Capital of France?", "gold": None}]  # no gold -> skipped, counted
+    rows = [
+        {"uid": "a", "q": "Who wrote Hamlet?", "gold": "Shakespeare"},  # a string gold -> one-gold list
+        {"uid": "b", "q": "Capital of France?", "gold": None},
+    ]  # no gold -> skipped, counted
     datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "qa.parquet"))
     spec = InputSpec(path=str(tmp_path / "qa.parquet"), columns={"id": "uid", "question": "q", "answers": "gold"})
     questions, skips = read_inputs([spec])

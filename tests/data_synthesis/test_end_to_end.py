@@ -65,7 +65,8 @@ def test_smollm2_teacher_on_shared_questions(shared_path, tmp_path, capsys, cpu_
     trajs = [Trajectory.from_dict(d) for d in accepted] + [Trajectory.from_dict(r["trajectory"]) for r in rejected]
     # every question accounted for: 20 asked x m=1, none skipped (all have gold)
     assert sorted(t.metadata["question_id"] for t in trajs) == sorted(
-        json.loads(line)["qid"] for line in questions.read_text().splitlines()[:N_QUESTIONS])
+        json.loads(line)["qid"] for line in questions.read_text().splitlines()[:N_QUESTIONS]
+    )
     assert all(t.metadata["model"] for t in trajs) and all(t.gold for t in trajs)
     assert all(r["reasons"] for r in rejected)
     summary = json.loads((out / "summary.json").read_text())

@@ -42,8 +42,11 @@ def test_three_shards_merge_to_the_single_run(tmp_path):
         merge_shards(tmp_path / "sharded")
     for i in (1, 2):
         run_synthesis(_cfg(tmp_path, "sharded", shard=i, num_shards=3), policy=ScriptedPolicy(), kbs=fake_kbs())
-    ids = [json.loads(x)["ids"] for i in range(3)
-           for x in (tmp_path / "sharded" / "shards" / f"{i:05d}-of-00003" / "progress.jsonl").read_text().splitlines()]
+    ids = [
+        json.loads(x)["ids"]
+        for i in range(3)
+        for x in (tmp_path / "sharded" / "shards" / f"{i:05d}-of-00003" / "progress.jsonl").read_text().splitlines()
+    ]
     flat = [q for batch in ids for q in batch]
     assert len(flat) == len(set(flat)) == 16  # each question in exactly one shard
     assert merge_main(["--output_dir", str(tmp_path / "sharded")]) == 0
@@ -52,7 +55,8 @@ def test_three_shards_merge_to_the_single_run(tmp_path):
     for name in OUTPUTS:
         assert len(single[name]) == len(merged[name])
         assert {json.dumps(_nobatch(r), sort_keys=True) for r in single[name]} == {
-            json.dumps(_nobatch(r), sort_keys=True) for r in merged[name]}
+            json.dumps(_nobatch(r), sort_keys=True) for r in merged[name]
+        }
     summary = json.loads((tmp_path / "sharded" / "summary.json").read_text())
     assert summary["accounted"] and summary["questions_asked"] == 16 and summary["skipped"] == 1
     assert (tmp_path / "sharded" / "export" / "steps.parquet").exists()
