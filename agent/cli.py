@@ -19,6 +19,7 @@ from agent.loop import AgentConfig
 REPO = Path(__file__).resolve().parent.parent
 DEMO_KB = REPO / "configs" / "kb" / "demo.yaml"
 DEMO_QUESTIONS = REPO / "data" / "demo" / "questions.jsonl"
+DEFAULT_MODEL = "smollm2-kbrouter"
 
 
 def add_common_args(ap: argparse.ArgumentParser, kb_default: str | None = None) -> None:
@@ -81,6 +82,8 @@ def resolve_configs(args: argparse.Namespace) -> tuple[PolicyConfig, AgentConfig
     for key in ("max_steps", "top_k", "temperature", "seed", "few_shot", "constrained"):
         if getattr(args, key) is not None:
             agent[key] = getattr(args, key)
+    if pol.get("backend", "transformers") == "transformers" and not pol.get("model") and not pol.get("adapter"):
+        pol["model"] = DEFAULT_MODEL  # the shipped router; `--model smollm2` is the base model
     kb = args.kb or raw.get("kb")
     if not kb:
         raise ValueError("no knowledge bases given: pass --kb configs/kb/NAME.yaml (or `kb:` in --config)")

@@ -33,7 +33,9 @@ class StepPrinter:
             if payload["sub_question"] is None:
                 c.print("  [green]enough to answer: no more retrieval[/green]")
             else:
-                c.print(f"  [bold]sub-question:[/bold] {payload['sub_question']}  [magenta]→ {payload['kb']}[/magenta]")
+                c.print(
+                    f"  [bold]sub-question:[/bold] {payload['sub_question']}  [magenta]→ {payload['kb']}[/magenta]"
+                )
         elif event == "evidence":
             for i, h in enumerate(payload["hits"][: self.hits_shown]):
                 c.print(f"    [dim]{h.kb}-{i} ({h.score:.3f}):[/dim] {_short(h.doc.title + ': ' + h.doc.text, 140)}")
@@ -41,7 +43,9 @@ class StepPrinter:
             err = f" [red]{payload['errors']}[/red]" if payload["errors"] else ""
             c.print(f"  [bold]intermediate answer:[/bold] {payload['answer']}{err}")
         elif event == "final":
-            c.print(f"[bold green]final answer:[/bold green] {payload['answer']}  [dim]({payload['stop_reason']})[/dim]")
+            c.print(
+                f"[bold green]final answer:[/bold green] {payload['answer']}  [dim]({payload['stop_reason']})[/dim]"
+            )
 
 
 def print_trajectory(traj: Trajectory, console=None) -> None:  # noqa: ANN001
@@ -53,8 +57,17 @@ def print_trajectory(traj: Trajectory, console=None) -> None:  # noqa: ANN001
     printer = StepPrinter(console)
     console.print(Rule(f"[bold]{traj.id}[/bold]: {traj.question}"))
     for s in traj.steps:
-        printer(traj.id, "plan", {"step": s.index, "think": s.think, "sub_question": s.sub_question, "kb": s.kb,
-                                  "errors": list(s.format_errors) if s.sub_question is None else []})
+        printer(
+            traj.id,
+            "plan",
+            {
+                "step": s.index,
+                "think": s.think,
+                "sub_question": s.sub_question,
+                "kb": s.kb,
+                "errors": list(s.format_errors) if s.sub_question is None else [],
+            },
+        )
         if s.sub_question is not None:
             printer(traj.id, "evidence", {"hits": list(s.hits)})
             printer(traj.id, "answer", {"answer": s.answer, "errors": list(s.format_errors)})
@@ -73,6 +86,12 @@ def print_summary(trajectories: list[Trajectory], console=None) -> None:  # noqa
         table.add_column(col)
     for t in trajectories:
         kbs = " → ".join(s.kb for s in t.steps if s.kb) or "-"
-        table.add_row(t.id, _short(t.final_answer, 40), _short(", ".join(t.gold or ()), 30), str(len(t.steps)), kbs,
-                      t.stop_reason)
+        table.add_row(
+            t.id,
+            _short(t.final_answer, 40),
+            _short(", ".join(t.gold or ()), 30),
+            str(len(t.steps)),
+            kbs,
+            t.stop_reason,
+        )
     (console or Console()).print(table)

@@ -45,7 +45,9 @@ def question_from_row(row: dict, where: str = "question") -> Question:
     answers = row.get("answers", row.get("golden_answers"))
     if isinstance(answers, str):
         answers = [answers]
-    meta = {k: v for k, v in row.items() if k not in {"id", "question", "image", "images", "answers", "golden_answers"}}
+    meta = {
+        k: v for k, v in row.items() if k not in {"id", "question", "image", "images", "answers", "golden_answers"}
+    }
     return Question(
         id=str(row["id"]),
         question=text.strip(),

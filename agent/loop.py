@@ -214,7 +214,7 @@ class StepAgent:
                     states[i].stop_reason, states[i].error = "backend_error", str(e)
                 return results
             retry = []
-            for i, out in zip(pending, outs):
+            for i, out in zip(pending, outs, strict=True):
                 states[i].prompt_tokens += out.prompt_tokens
                 states[i].completion_tokens += out.completion_tokens
                 raw = [*results[i][1], out.text]
@@ -264,7 +264,7 @@ class StepAgent:
             )
             plan_s = time.perf_counter() - t0
             to_retrieve: list[tuple[_State, PlanParse, list[str]]] = []
-            for s, (parsed, raw) in zip(active, plans):
+            for s, (parsed, raw) in zip(active, plans, strict=True):
                 if parsed is None:  # backend error
                     s.planning = False
                     continue
@@ -304,10 +304,14 @@ class StepAgent:
             t0 = time.perf_counter()
             hits = self._retrieve(to_retrieve)
             retrieve_s = time.perf_counter() - t0
-            for (s, parsed, _), h in zip(to_retrieve, hits):
+            for (s, parsed, _), h in zip(to_retrieve, hits, strict=True):
                 self._emit(on_event, s.q.id, "evidence", {"step": step_i, "kb": parsed.kb, "hits": h})
             # 3. answer, batched
-            ok = [(s, p, raw, h) for (s, p, raw), h in zip(to_retrieve, hits) if s.stop_reason != "backend_error"]
+            ok = [
+                (s, p, raw, h)
+                for (s, p, raw), h in zip(to_retrieve, hits, strict=True)
+                if s.stop_reason != "backend_error"
+            ]
             t0 = time.perf_counter()
             answers = self._generate(
                 [s for s, *_ in ok],
@@ -316,7 +320,7 @@ class StepAgent:
                 self._params("answer", "</answer>", salt=10 * step_i + 1),
             )
             answer_s = time.perf_counter() - t0
-            for (s, p, raw, h), (parsed, araw) in zip(ok, answers):
+            for (s, p, raw, h), (parsed, araw) in zip(ok, answers, strict=True):
                 if parsed is None:
                     s.planning = False
                     continue
@@ -360,7 +364,7 @@ class StepAgent:
                     items[i][0].stop_reason, items[i][0].error = "backend_error", f"{kb.name}: {e}"
                     items[i][0].planning = False
                 continue
-            for i, r in zip(idx, results):
+            for i, r in zip(idx, results, strict=True):
                 out[i] = r
         return out
 
@@ -375,7 +379,7 @@ class StepAgent:
             self._params("final", "</answer>", salt=99),
         )
         final_s = time.perf_counter() - t0
-        by_id = {id(s): f for s, f in zip(live, finals)}
+        by_id = {id(s): f for s, f in zip(live, finals, strict=True)}
         out = []
         for s in states:
             parsed, raw = by_id.get(id(s), (None, []))

@@ -104,7 +104,7 @@ def create_app(policy: Policy, model_name: str | None = None):  # noqa: ANN201 (
                 try:
                     async with lock:
                         outs = await asyncio.to_thread(policy.generate, [p.messages for p in items], params)
-                    for p, out in zip(items, outs):
+                    for p, out in zip(items, outs, strict=True):
                         p.future.set_result(out)
                 except Exception as e:  # a failed batch fails its requests, not the server
                     logger.exception("generation failed")
@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
 
     policy = make_policy(PolicyConfig(backend=args.backend, model=args.model, dtype=args.dtype))
     app = create_app(policy, args.served_model_name or args.model)
-    print(f"serving {args.model} at http://{args.host}:{args.port}/v1 (OpenAI chat completions)")
+    print(f"serving {args.model} at http://{args.host}:{args.port}/v1 (OpenAI chat completions)")  # noqa: T201 - the one line a person starting the server reads
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
 

@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     def tokens(ts) -> int:  # noqa: ANN001
         return sum(t.metadata["completion_tokens"] for t in ts)
 
-    same = sum(a.final_answer == b.final_answer for a, b in zip(seq, bat))
+    same = sum(a.final_answer == b.final_answer for a, b in zip(seq, bat, strict=True))
     print(f"{'loop':<22}{'seconds':>10}{'questions/s':>14}{'gen tokens':>12}")
     print(f"{'sequential (1 at a time)':<22}{t_seq:>10.1f}{len(seq) / t_seq:>14.3f}{tokens(seq):>12}")
     print(f"{'lockstep batch ' + str(args.batch_size):<22}{t_bat:>10.1f}{len(bat) / t_bat:>14.3f}{tokens(bat):>12}")

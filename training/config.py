@@ -65,6 +65,12 @@ class StepDataArgs:
     )
     step_types: list[str] | None = field(default=None, metadata={"help": "Keep only these step types, e.g. [plan]."})
     max_train_samples: int | None = field(default=None, metadata={"help": "Use the first N step prompts."})
+    max_per_step_type: dict | None = field(
+        default=None, metadata={"help": "At most N records of each step type, e.g. {plan: 240, final: 80}."}
+    )
+    sample_seed: int | None = field(
+        default=None, metadata={"help": "Shuffle the records with this seed before the caps (None keeps file order)."}
+    )
     max_prompt_tokens: int | None = field(
         default=None, metadata={"help": "Prompt budget; over-long prompts lose lines or are skipped (step_data.py)."}
     )
@@ -72,6 +78,13 @@ class StepDataArgs:
     image_root: str | None = field(default=None, metadata={"help": "Folder holding the images, found by basename."})
     lora: dict | None = field(
         default=None, metadata={"help": "LoRA through peft: {r, alpha, dropout, target_modules}; None = full FT."}
+    )
+    grammar_tokens: dict | None = field(
+        default=None,
+        metadata={
+            "help": "{plan, answer, final} token budgets: fit SFT targets to the step grammars the constrained "
+            "agent decodes in (agent.plan_tokens, ...); unfit records are skipped and counted."
+        },
     )
     init_adapter: str | None = field(
         default=None, metadata={"help": "A peft adapter folder to start from and train further (e.g. SFT -> GRPO)."}
@@ -91,6 +104,10 @@ class StepDataArgs:
         for kb in self.kbs:
             if set(kb) - {"name", "description"} or "name" not in kb:
                 raise ValueError(f"each `kbs` entry is {{name, description}}; got {kb!r}")
+        if self.grammar_tokens is not None and set(self.grammar_tokens) != {"plan", "answer", "final"}:
+            raise ValueError(
+                f"`grammar_tokens` needs exactly the keys plan, answer, final; got {sorted(self.grammar_tokens)}"
+            )
         if self.init_adapter is not None:
             if self.lora is not None:
                 raise ValueError("`init_adapter` trains an existing adapter further; drop `lora` (its rank is fixed)")

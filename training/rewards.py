@@ -32,7 +32,6 @@ logger = logging.getLogger(__name__)
 RewardFunc = Callable[..., list[float | None]]
 
 
-
 def completion_text(completion: str | list[dict]) -> str:
     """The text of a completion: a plain string, or the last message of a conversational completion."""
     if isinstance(completion, str):

@@ -10,28 +10,40 @@ import statistics
 from collections import Counter
 
 from agent.backends.base import text_only
-from agent.protocol import format_answer, format_plan
+from agent.protocol import answer_grammar, fit_answer, fit_plan, format_answer, format_plan, plan_grammar
 from training.rewards import ANSWER, PLAN
 from training.step_data import StepRecord
 
 logger = logging.getLogger(__name__)
 
 
-def target_text(record: StepRecord) -> str:
+def target_text(record: StepRecord, grammar_tokens: dict | None = None) -> str | None:
     """The gold completion written with the step's tags (SFT target).
 
     The teacher's reasoning goes in `<think>` when the record has it; otherwise a short template sentence (the
-    paper's release keeps no reasoning).
+    paper's release keeps no reasoning). With `grammar_tokens` (`{plan, answer, final}` token budgets) the target is
+    fitted to the step grammar of those budgets (what constrained decoding can produce): None when it cannot be.
     """
     think = (record.gold.get("think") or "").strip()
     if record.step_type == PLAN:
         sq, kb = record.gold["sub_question"], record.gold["kb"]
         if not think:
             think = "What is known is enough to answer." if sq is None else f"Next I need to find out: {sq}"
+        if grammar_tokens:
+            fitted = fit_plan(think, sq, kb, plan_grammar(tuple(record.kb_names), grammar_tokens[PLAN]))
+            if fitted is None:
+                return None
+            think, sq, kb = fitted
         return format_plan(think, sq, kb)
     if not think:
         think = "The evidence answers the question." if record.step_type == ANSWER else "The answers so far suffice."
-    return format_answer(think, record.gold["answers"][0])
+    answer = str(record.gold["answers"][0])
+    if grammar_tokens:
+        fitted = fit_answer(think, answer, answer_grammar(grammar_tokens[record.step_type]))
+        if fitted is None:
+            return None
+        think, answer = fitted
+    return format_answer(think, answer)
 
 
 def _prompt_len(tokenizer, messages: list[dict]) -> int:
@@ -76,6 +88,7 @@ def build_step_dataset(
     max_prompt_tokens: int | None = None,
     use_images: bool = False,
     step_types: list[str] | None = None,
+    grammar_tokens: dict | None = None,
 ):
     """Build the training dataset from step records.
 
@@ -85,6 +98,8 @@ def build_step_dataset(
         max_prompt_tokens: prompt budget; longer prompts are shortened or skipped (see `fit_prompt`).
         use_images: keep an `images` column (decoded as PIL by `datasets`); otherwise images are dropped.
         step_types: keep only these step types (e.g. `[plan]`).
+        grammar_tokens: `{plan, answer, final}` token budgets: targets are fitted to those step grammars (what the
+            constrained agent can write); records whose target cannot fit are skipped and counted.
 
     Returns:
         A `datasets.Dataset` with `prompt`, `completion`, `step_type`, `gold_sub_question`, `gold_kb`,
@@ -109,8 +124,12 @@ def build_step_dataset(
             if fitted is not messages:
                 shortened[r.step_type] += 1
             messages = fitted
+        target = target_text(r, grammar_tokens)
+        if target is None:
+            skipped[f"{r.step_type}_off_grammar"] += 1
+            continue
         rows["prompt"].append(messages)
-        rows["completion"].append([{"role": "assistant", "content": target_text(r)}])
+        rows["completion"].append([{"role": "assistant", "content": target}])
         rows["step_type"].append(r.step_type)
         rows["gold_sub_question"].append(r.gold.get("sub_question") if r.step_type == PLAN else None)
         rows["gold_kb"].append(r.gold.get("kb") if r.step_type == PLAN else None)

@@ -24,6 +24,19 @@ def load_records(cfg: StepDataArgs, path: str) -> list[StepRecord]:
     records = load_step_records(path, cfg.train_format, cfg.kb_pairs() or None)
     if cfg.use_images:
         records = resolve_images(records, cfg.image_root)
+    if cfg.sample_seed is not None:
+        import random
+
+        records = list(records)
+        random.Random(cfg.sample_seed).shuffle(records)
+    if cfg.max_per_step_type:
+        seen: dict[str, int] = {}
+        kept = []
+        for r in records:
+            seen[r.step_type] = seen.get(r.step_type, 0) + 1
+            if seen[r.step_type] <= cfg.max_per_step_type.get(r.step_type, 0):
+                kept.append(r)
+        records = kept
     if cfg.max_train_samples is not None:
         kept = [r for r in records if not cfg.step_types or r.step_type in cfg.step_types]
         records = kept[: cfg.max_train_samples]
@@ -101,7 +114,7 @@ def _tokenizer_of(processing_class):
 def build_datasets(cfg: StepDataArgs, processing_class, train: list[StepRecord], evals: list[StepRecord] | None):
     tok = _tokenizer_of(processing_class)
     kw = dict(tokenizer=tok, max_prompt_tokens=cfg.max_prompt_tokens, use_images=cfg.use_images,
-              step_types=cfg.step_types)  # fmt: skip
+              step_types=cfg.step_types, grammar_tokens=cfg.grammar_tokens)  # fmt: skip
     train_ds = build_step_dataset(train, **kw)
     eval_ds = build_step_dataset(evals, **kw) if evals else None
     return train_ds, eval_ds

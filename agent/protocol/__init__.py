@@ -1,7 +1,15 @@
 """The step format, owned in one place: the prompts (`prompts`), the tags (`tags`: write and parse) and the grammars
 that constrain decoding to them (`grammar`), all generated from the configured KB set."""
 
-from agent.protocol.grammar import STOP_PLAN, StepGrammar, answer_grammar, check_display_name, plan_grammar
+from agent.protocol.grammar import (
+    STOP_PLAN,
+    StepGrammar,
+    answer_grammar,
+    check_display_name,
+    fit_answer,
+    fit_plan,
+    plan_grammar,
+)
 from agent.protocol.prompts import (
     DEFAULT_PROMPT,
     FINAL_SYSTEM,
@@ -35,7 +43,7 @@ from agent.protocol.tags import (
 __all__ = [
     "ANSWER", "DEFAULT_PROMPT", "FINAL_SYSTEM", "FORMAT_ERRORS", "NONE_WORDS", "PLAN_SYSTEM", "RET", "STOP_PLAN",
     "SUB_QUESTION", "THINK", "AnswerParse", "PlanParse", "PromptSettings", "StepGrammar", "answer_grammar",
-    "answer_messages", "check_display_name", "final_messages", "format_answer", "format_plan", "history_lines",
+    "answer_messages", "check_display_name", "fit_answer", "fit_plan", "final_messages", "format_answer", "format_plan", "history_lines",
     "is_none", "kb_list", "normalize_kb", "parse_answer", "parse_plan", "plan_grammar", "plan_messages",
     "render_hits", "with_format_reminder",
 ]  # fmt: skip

@@ -68,9 +68,9 @@ def _split_chars(budget_tokens: int, fixed: int, shares: Sequence[float], step: 
     free = (budget_tokens - 1 - fixed) // _BYTES_PER_CHAR
     chars = [int(free * s) for s in shares]
     if min(chars) < _MIN_CHARS:
-        need = fixed + 1 + _BYTES_PER_CHAR * _MIN_CHARS * len(shares) / min(shares)
+        need = fixed + 1 + _BYTES_PER_CHAR * _MIN_CHARS / min(shares)
         raise ValueError(
-            f"a {step} token budget of {budget_tokens} leaves {free} characters for the step's text; "
+            f"the {step} token budget of {budget_tokens} leaves {free} characters for the step's text; "
             f"raise it to at least {int(need) + 1} (agent.{step}_tokens)"
         )
     return chars
@@ -116,3 +116,39 @@ def answer_grammar(budget_tokens: int) -> StepGrammar:
     ])  # fmt: skip
     bound = fixed + _BYTES_PER_CHAR * (think_chars + answer_chars) + 1
     return StepGrammar(ebnf, bound, {"think_chars": think_chars, "answer_chars": answer_chars})
+
+
+def _clean(text: str) -> str:
+    """`text` with every character the grammars forbid turned into a space, whitespace collapsed."""
+    return " ".join("".join(c if 0x20 <= ord(c) <= 0x7FF and c not in "<>" else " " for c in text).split())
+
+
+def _clip_words(text: str, chars: int) -> str:
+    if len(text) <= chars:
+        return text
+    cut = text[:chars].rsplit(" ", 1)[0] if " " in text[:chars] else text[:chars]
+    return cut.rstrip(" ,;:")
+
+
+def fit_plan(think: str, sub_question: str | None, kb: str | None, grammar: StepGrammar) -> tuple | None:
+    """A plan target the grammar can produce: think clipped at a word, a sub-question that ends with "?".
+
+    Returns `(think, sub_question, kb)`, or None when the sub-question is longer than the grammar allows (a training
+    target the constrained policy could never write is dropped, not cut mid-question).
+    """
+    think = _clip_words(_clean(think), grammar.limits["think_chars"]) or "Next step."
+    if sub_question is None:
+        return think, None, None
+    q = _clean(sub_question).rstrip("?").rstrip() + "?"
+    if len(q) > grammar.limits["sub_question_chars"] or len(q) < 2:
+        return None
+    return think, q, kb
+
+
+def fit_answer(think: str, answer: str, grammar: StepGrammar) -> tuple[str, str] | None:
+    """An answer/final target the grammar can produce, or None when the answer is too long for it."""
+    think = _clip_words(_clean(think), grammar.limits["think_chars"]) or "The evidence answers it."
+    answer = _clean(answer)
+    if not answer or len(answer) > grammar.limits["answer_chars"]:
+        return None
+    return think, answer

@@ -140,14 +140,14 @@ def parse_plan(text: object, kb_names: Sequence[str], require_think: bool = True
             kb = None
             if sub_q is not None and not sub_none:
                 errors.append("sub_question_without_kb")
+        elif normalize_kb(ret) in by_norm:  # a configured name matches whole, even one holding "," or "and"
+            kb = by_norm[normalize_kb(ret)]
+            if sub_none:
+                errors.append("kb_without_sub_question")
         elif len(parts) > 1:
             errors.append("multiple_kbs")
             if any(normalize_kb(p) not in by_norm and not is_none(p) for p in parts):
                 errors.append("unknown_kb")
-        elif normalize_kb(ret) in by_norm:
-            kb = by_norm[normalize_kb(ret)]
-            if sub_none:
-                errors.append("kb_without_sub_question")
         else:
             errors.append("unknown_kb")
     return PlanParse(think, None if sub_none else sub_q, kb, tuple(dict.fromkeys(errors)))

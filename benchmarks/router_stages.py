@@ -1,0 +1,121 @@
+"""Held-out step reward of the router at each training stage: base SmolLM2, after SFT, after Step-GRPO.
+
+The held-out steps are whole trajectories that no stage trained on (`scripts/split_steps.py`: steps_heldout.jsonl).
+Every model answers every held-out plan and final step prompt greedily, *unconstrained* (so the format component
+measures what the model learned, not what the grammar enforces), and is scored by the Step-GRPO recipe's rewards.
+Prints the mean and standard error of each component per stage, and the paired GRPO - SFT difference with its
+standard error (paired over the same prompts).
+
+    python benchmarks/router_stages.py                 # ~10 min on 2 cores (3 models x ~90 prompts)
+    python benchmarks/router_stages.py --limit 40 --stages sft grpo
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from pathlib import Path
+
+for _k, _v in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+               "TRL_EXPERIMENTAL_SILENCE": "1"}.items():  # fmt: skip
+    os.environ.setdefault(_k, _v)
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+STAGES = {"base": None, "sft": "runs/train/smollm2_router_sft", "grpo": "models/smollm2-kbrouter"}
+
+
+def mean_se(xs: list[float]) -> tuple[float, float]:
+    n = len(xs)
+    if n == 0:
+        return math.nan, math.nan
+    m = sum(xs) / n
+    var = sum((x - m) ** 2 for x in xs) / (n - 1) if n > 1 else 0.0
+    return m, math.sqrt(var / n)
+
+
+def score(policy, dataset, reward_funcs, weights, tokens: dict) -> dict[str, list]:
+    """Per-prompt reward components (None where a component does not apply) and the weighted total."""
+    from agent.backends.base import SamplingParams
+
+    out: dict[str, list] = {f.__name__: [] for f in reward_funcs}
+    out["reward"] = []
+    columns = [c for c in dataset.column_names if c not in ("prompt", "completion")]
+    for step_type in ("plan", "final"):
+        rows = dataset.filter(lambda r, t=step_type: r["step_type"] == t)
+        if len(rows) == 0:
+            continue
+        stop = "</ret>" if step_type == "plan" else "</answer>"
+        outs = policy.generate([list(p) for p in rows["prompt"]],
+                               SamplingParams(max_new_tokens=tokens[step_type], stop=(stop,)))  # fmt: skip
+        completions = [[{"role": "assistant", "content": o.text}] for o in outs]
+        kwargs = {c: rows[c] for c in columns}
+        scores = [f(completions, **kwargs) for f in reward_funcs]
+        for f, s in zip(reward_funcs, scores, strict=True):
+            out[f.__name__] += s
+        for j in range(len(completions)):
+            out["reward"].append(sum(w * s[j] for w, s in zip(weights, scores, strict=True) if s[j] is not None))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--heldout", default="runs/synth/annotation_cpu/steps_heldout.jsonl")
+    ap.add_argument("--recipe", default="configs/train/smollm2_router_grpo_lora_cpu.yaml")
+    ap.add_argument("--stages", nargs="+", default=list(STAGES), choices=list(STAGES))
+    ap.add_argument("--limit", type=int, default=None, help="at most N prompts per step type")
+    args = ap.parse_args()
+
+    import yaml
+
+    from agent.backends.hf import TransformersPolicy
+    from training.config import RewardSpec
+    from training.rewards import build_reward
+    from training.step_data import load_step_records
+    from training.step_dataset import build_step_dataset
+
+    recipe = yaml.safe_load((REPO / args.recipe).read_text())
+    specs = [RewardSpec.from_dict(d) for d in recipe["rewards"]]
+    funcs = [build_reward(s.name, **{**s.kwargs, "gate": True} if s.name != "format" else s.kwargs) for s in specs]
+    weights = [s.weight for s in specs]
+    records = [r for r in load_step_records(str(REPO / args.heldout), "steps") if r.step_type in ("plan", "final")]
+    if args.limit:
+        kept, seen = [], {}
+        for r in records:
+            seen[r.step_type] = seen.get(r.step_type, 0) + 1
+            if seen[r.step_type] <= args.limit:
+                kept.append(r)
+        records = kept
+    grammar_tokens = recipe["grammar_tokens"]
+    tokens = {"plan": grammar_tokens["plan"], "final": grammar_tokens["final"]}
+    results: dict[str, dict[str, list]] = {}
+    for stage in args.stages:
+        adapter = STAGES[stage]
+        policy = TransformersPolicy("smollm2", adapter=str(REPO / adapter) if adapter else None, max_batch_size=16)
+        ds = build_step_dataset(records, tokenizer=policy.tokenizer, max_prompt_tokens=recipe["max_prompt_tokens"],
+                                grammar_tokens=grammar_tokens)  # fmt: skip
+        results[stage] = score(policy, ds, funcs, weights, tokens)
+        del policy
+    n = {t: sum(r.step_type == t for r in records) for t in ("plan", "final")}
+    print(f"held-out steps: {n['plan']} plan + {n['final']} final prompts from {args.heldout} (greedy, unconstrained)")
+    keys = ["reward"] + [f.__name__ for f in funcs]
+    print(f"{'mean ± s.e.':24s}" + "".join(f"{s:>18s}" for s in args.stages))
+    for k in keys:
+        cells = []
+        for stage in args.stages:
+            m, se = mean_se([x for x in results[stage][k] if x is not None])
+            cells.append(f"{m:8.3f} ± {se:5.3f}")
+        print(f"{k:24s}" + "".join(f"{c:>18s}" for c in cells))
+    if "sft" in results and "grpo" in results:
+        for k in keys:
+            pairs = [(a, b) for a, b in zip(results["sft"][k], results["grpo"][k], strict=True)
+                     if a is not None and b is not None]  # fmt: skip
+            m, se = mean_se([b - a for a, b in pairs])
+            verdict = "beats SFT by > 2 s.e." if m > 2 * se else "does NOT beat SFT by > 2 s.e."
+            print(f"GRPO - SFT {k:18s} {m:+.3f} ± {se:.3f} (paired, n={len(pairs)}): {verdict}")
+
+
+if __name__ == "__main__":
+    main()

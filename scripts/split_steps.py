@@ -1,0 +1,50 @@
+"""Split a steps.jsonl by trajectory into a training file and a held-out file (whole trajectories, by hash).
+
+The held-out steps score the router after each training stage (base, SFT, Step-GRPO) on prompts no stage trained
+on; the split is by trajectory so no held-out step shares a question with a training step.
+
+Run: python scripts/split_steps.py runs/synth/annotation_cpu/steps.jsonl --heldout-share 0.2
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+from collections import Counter
+from pathlib import Path
+
+from retrievers.jsonl import iter_jsonl_objects
+
+
+def question_of(trajectory_id: str) -> str:
+    return trajectory_id.split("#", 1)[0]  # synthesis ids are `<question id>#<sample>`
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("steps", help="steps.jsonl written by kbrouter synth")
+    ap.add_argument("--heldout-share", type=float, default=0.2)
+    args = ap.parse_args()
+    src = Path(args.steps)
+    buckets = int(round(1 / args.heldout_share))
+    out = {"train": src.with_name("steps_train.jsonl"), "heldout": src.with_name("steps_heldout.jsonl")}
+    counts: Counter = Counter()
+    lines = {"train": [], "heldout": []}
+    for _, rec in iter_jsonl_objects(src):
+        q = question_of(rec["trajectory_id"])
+        side = "heldout" if int(hashlib.sha1(q.encode()).hexdigest(), 16) % buckets == 0 else "train"
+        lines[side].append(rec)
+        counts[(side, rec["step_type"])] += 1
+    import json
+
+    for side, path in out.items():
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in lines[side]))
+        tmp.rename(path)
+        print(
+            f"{path}: {len(lines[side])} records " + str({t: counts[(side, t)] for t in ("plan", "answer", "final")})
+        )
+
+
+if __name__ == "__main__":
+    main()
