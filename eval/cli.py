@@ -22,20 +22,29 @@ import logging
 
 def main(argv: list[str] | None = None) -> int:
     """Parse flags, run the evaluation, print where the report is; returns the exit code."""
-    parser = argparse.ArgumentParser(prog="kbrouter eval", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="kbrouter eval",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__,
+    )
     parser.add_argument("--config", required=True, help="an eval YAML (configs/eval/*.yaml)")
     parser.add_argument("--output_dir", "--output-dir", help="override `output_dir`")
     parser.add_argument("--limit", type=int, help="at most this many questions per dataset")
     parser.add_argument("--methods", nargs="+", help="override the method list")
     parser.add_argument("--datasets", nargs="+", help="run only these datasets (by name)")
-    parser.add_argument("--report_only", "--report-only", action="store_true",
-                        help="write the report from the cached predictions only (compute nothing)")
+    parser.add_argument(
+        "--report_only",
+        "--report-only",
+        action="store_true",
+        help="write the report from the cached predictions only (compute nothing)",
+    )
     parser.add_argument("--quiet", action="store_true", help="warnings only")
     parser.add_argument("overrides", nargs="*", help="`key=value` overrides, e.g. agent.max_steps=2 batch_size=8")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.WARNING if args.quiet else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
 
     from eval.config import load_eval_config
     from eval.runner import run_eval
@@ -70,15 +79,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     skipped = [n for n, d in results["datasets"].items() if d["skipped"]]
     print(f"report: {cfg.output_dir}/report.md")  # noqa: T201
-    print(f"methods: {len(results['methods'])}, datasets run: {len(results['per_dataset'])}, "  # noqa: T201
-          f"skipped: {skipped or 'none'}")
+    print(
+        f"methods: {len(results['methods'])}, datasets run: {len(results['per_dataset'])}, "  # noqa: T201
+        f"skipped: {skipped or 'none'}"
+    )
     for m in results["methods"]:
         r = results["macro"][m]
         if "answer/f1_recall" not in r:
             print(f"  {m:<22} (no predictions yet)")  # noqa: T201
             continue
-        print(f"  {m:<22} F1-R {100 * r.get('answer/f1_recall', 0):5.1f}  EM {100 * r.get('answer/em', 0):5.1f}  "  # noqa: T201
-              f"steps {r.get('cost/steps', 0):.2f}  tok {r.get('cost/gen_tokens', 0):.0f}")
+        print(
+            f"  {m:<22} F1-R {100 * r.get('answer/f1_recall', 0):5.1f}  EM {100 * r.get('answer/em', 0):5.1f}  "  # noqa: T201
+            f"steps {r.get('cost/steps', 0):.2f}  tok {r.get('cost/gen_tokens', 0):.0f}"
+        )
     return 0
 
 

@@ -1,7 +1,16 @@
 """The eval config: one dataclass read from YAML, with `key=value` overrides from the command line.
 
-Paths in the YAML (`kb_config`, `shared_data`, `corpora_dir`, dataset `path`/`image_root`, checkpoint models that
-exist there) resolve against the YAML file's folder; `output_dir` resolves against the working directory.
+Paths in the YAML (`kb_config`, `shared_data`, `corpora_dir`, dataset `path`/`image_root`/`split_file`, and policy
+`model`/`adapter` paths that exist there) resolve against the YAML file's folder; `output_dir` resolves against the
+working directory, and so do policy paths that do not exist next to the YAML (e.g. `runs/...` training outputs).
+
+Agent variants are named step-agent methods, each a `policy:` and an `agent:` mapping merged onto the config's own
+`policy` and `agent` (so a variant says only what differs):
+
+    agent_variants:
+      agent_sft: {policy: {adapter: runs/train/smollm2_sft_lora/final}, agent: {few_shot: false}}
+
+`checkpoints: {name: path}` is the older shorthand for `agent_variants: {name: {policy: {model: path}}}`.
 """
 
 from __future__ import annotations
@@ -29,48 +38,124 @@ class EvalConfig:
     shared_data: str = field(default="../../../shared/data", metadata={"help": "The shared data folder."})
     prepare_corpora: list = field(default_factory=list, metadata={"help": "Derived corpora to write (eval.corpora)."})
     corpora_dir: str = field(default="../../outputs/eval_corpora", metadata={"help": "Where derived corpora go."})
-    policy: dict = field(default_factory=lambda: {"backend": "transformers", "model": "smollm2"},
-                         metadata={"help": "agent.backends.factory.PolicyConfig fields."})
-    checkpoints: dict = field(default_factory=dict, metadata={
-        "help": "Extra agent methods: name -> model path or policy mapping (SFT / Step-GRPO checkpoints)."})
+    policy: dict = field(
+        default_factory=lambda: {"backend": "transformers", "model": "smollm2"},
+        metadata={"help": "agent.backends.factory.PolicyConfig fields."},
+    )
+    checkpoints: dict = field(
+        default_factory=dict,
+        metadata={
+            "help": "Shorthand agent variants: name -> model path or policy overrides (SFT / Step-GRPO checkpoints)."
+        },
+    )
     agent: dict = field(default_factory=dict, metadata={"help": "AgentConfig fields (max_steps, top_k, tokens...)."})
+    agent_variants: dict = field(
+        default_factory=dict,
+        metadata={
+            "help": "Named step-agent methods: name -> {policy: {...}, agent: {...}} merged onto `policy` / `agent`."
+        },
+    )
     k_per_kb: int = field(default=2, metadata={"help": "Hits per KB for rag_all / ircot / iter_retgen."})
-    methods: list = field(default_factory=lambda: ["no_retrieval", "single_kb", "rag_all", "ircot", "iter_retgen",
-                                                   "router", "agent", "agent_random"],
-                          metadata={"help": "Method names (see eval.methods); `single_kb` = one rag_<kb> per KB."})
+    methods: list = field(
+        default_factory=lambda: [
+            "no_retrieval",
+            "single_kb",
+            "rag_all",
+            "ircot",
+            "iter_retgen",
+            "router",
+            "agent",
+            "agent_random",
+        ],
+        metadata={"help": "Method names (see eval.methods); `single_kb` = one rag_<kb> per KB."},
+    )
     datasets: list = field(default_factory=list, metadata={"help": "DatasetSpec mappings."})
     dataset_defaults: dict = field(default_factory=dict, metadata={"help": "Keys applied to every dataset."})
     batch_size: int = field(default=16, metadata={"help": "Questions per lockstep batch (and per cache flush)."})
     seed: int = field(default=0, metadata={"help": "Seed of sampling and of the random-routing ablation."})
-    plot_method: str = field(default="agent", metadata={"help": "Method whose KB choices the routing plot shows."})
+    plot_method: str = field(default="agent", metadata={"help": "Method drawn first in the routing-per-step plot."})
     source_file: str = field(default="", metadata={"help": "Set by the loader."})
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
             raise ValueError(f"`batch_size` must be >= 1, got {self.batch_size}; e.g. `batch_size: 16`")
         from agent.backends.factory import PolicyConfig
+        from eval.methods import reserved_method_name
 
         PolicyConfig.from_dict(self.policy, "policy")  # validates keys and backend; loads nothing
+        _check_alias(self.policy_settings(), "policy")
         for name, ckpt in self.checkpoints.items():
             if not isinstance(ckpt, (str, dict)):
                 raise ValueError(f"checkpoints.{name}: give a model path or a policy mapping, got {ckpt!r}")
-            if isinstance(ckpt, dict):
-                PolicyConfig.from_dict(ckpt, f"checkpoints.{name}")
-        agent_keys = {f.name for f in fields(AgentConfig)}
-        unknown = set(self.agent) - agent_keys
-        if unknown:
-            raise ValueError(f"`agent` has unknown key(s) {sorted(unknown)}; valid: {sorted(agent_keys)}")
+        _check_agent_keys(self.agent, "`agent`")
+        both = sorted(set(self.checkpoints) & set(self.agent_variants))
+        if both:
+            raise ValueError(f"{both} named in both `checkpoints` and `agent_variants`; keep one")
+        for name, variant in self.variants().items():
+            where = f"checkpoints.{name}" if name in self.checkpoints else f"agent_variants.{name}"
+            if reserved_method_name(name):
+                raise ValueError(f"{where}: {name!r} is a built-in method name; call the variant e.g. {name}_v2")
+            if not isinstance(variant, dict):
+                raise ValueError(f"{where}: expected a mapping {{policy: {{...}}, agent: {{...}}}}, got {variant!r}")
+            unknown = sorted(set(variant) - set(VARIANT_KEYS))
+            if unknown:
+                raise ValueError(f"{where}: unknown key(s) {unknown}; valid: {list(VARIANT_KEYS)}")
+            for key in VARIANT_KEYS:
+                if not isinstance(variant.get(key, {}), dict):
+                    raise ValueError(f"{where}.{key}: expected a mapping of overrides, got {variant[key]!r}")
+            PolicyConfig.from_dict(self.policy_settings(name), f"{where}.policy")
+            _check_alias(self.policy_settings(name), f"{where}.policy")
+            _check_agent_keys(variant.get("agent", {}), f"{where}.agent")
+            self._agent(name, where)
+        self._agent("", "`agent`")
         unknown = set(self.dataset_defaults) - set(SPEC_KEYS)
         if unknown:
             raise ValueError(f"`dataset_defaults` has unknown key(s) {sorted(unknown)}; valid: {SPEC_KEYS}")
         if not self.datasets:
-            raise ValueError("`datasets` is empty; list at least one, e.g. `datasets: [{name: hotpotqa, loader: hotpotqa}]`")
+            raise ValueError(
+                "`datasets` is empty; list at least one, e.g. `datasets: [{name: hotpotqa, loader: hotpotqa}]`"
+            )
         names = [d.get("name") for d in self.datasets]
         if len(set(names)) != len(names):
             raise ValueError(f"dataset names must be unique, got {names}")
 
-    def agent_config(self) -> AgentConfig:
-        return AgentConfig(**{"seed": self.seed, **self.agent})
+    def variants(self) -> dict[str, dict]:
+        """Agent variants by name (`agent_variants`, and `checkpoints` in their long form), as written."""
+        out = {
+            name: {"policy": {"model": ckpt} if isinstance(ckpt, str) else ckpt}
+            for name, ckpt in self.checkpoints.items()
+        }
+        return {**out, **self.agent_variants}
+
+    def policy_settings(self, method: str = "") -> dict:
+        """The policy mapping a method runs with: `policy`, with the variant's `policy` overrides merged on top."""
+        variant = self.variants().get(method)
+        settings = {**self.policy, **((variant or {}).get("policy") or {})}
+        base = Path(self.source_file).parent if self.source_file else Path(".")
+        for key in POLICY_PATH_KEYS:
+            if isinstance(settings.get(key), str):
+                value = os.path.expandvars(settings[key])
+                near = _resolve(value, base)
+                settings[key] = str(near) if not Path(value).is_absolute() and near.exists() else value
+        return settings
+
+    def agent_config(self, method: str = "") -> AgentConfig:
+        """The loop settings a method runs with: `agent`, with the variant's `agent` overrides merged on top."""
+        where = (
+            "`agent`"
+            if method not in self.variants()
+            else f"checkpoints.{method}"
+            if method in self.checkpoints
+            else f"agent_variants.{method}"
+        )
+        return self._agent(method, where)
+
+    def _agent(self, method: str, where: str) -> AgentConfig:
+        variant = self.variants().get(method) or {}
+        try:
+            return AgentConfig(**{"seed": self.seed, **self.agent, **(variant.get("agent") or {})})
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{where}: {e}") from e
 
     def dataset_specs(self) -> list[DatasetSpec]:
         base = Path(self.source_file).parent if self.source_file else Path(".")
@@ -79,9 +164,10 @@ class EvalConfig:
             d = {**self.dataset_defaults, **d}
             unknown = set(d) - set(SPEC_KEYS)
             if unknown:
-                raise ValueError(f"datasets[{i}] ({d.get('name', '?')}): unknown key(s) {sorted(unknown)}; "
-                                 f"valid: {SPEC_KEYS}")
-            for key in ("path", "image_root"):
+                raise ValueError(
+                    f"datasets[{i}] ({d.get('name', '?')}): unknown key(s) {sorted(unknown)}; valid: {SPEC_KEYS}"
+                )
+            for key in ("path", "image_root", "split_file"):
                 if d.get(key):
                     d[key] = str(_resolve(d[key], base))
             specs.append(DatasetSpec(**d))
@@ -92,12 +178,65 @@ class EvalConfig:
         base = Path(self.source_file).parent if self.source_file else Path(".")
         return _resolve(getattr(self, key), base)
 
+    def policy_key(self, method: str) -> str:
+        """Methods with the same key share one loaded policy."""
+        return json.dumps(self.policy_settings(method), sort_keys=True, default=str)
+
     def fingerprint(self, method: str) -> str:
-        """Hash of what determines a method's predictions: a cached one with another hash is recomputed."""
-        policy = self.checkpoints[method] if method in self.checkpoints else self.policy
-        blob = json.dumps({"method": method, "policy": policy, "agent": asdict(self.agent_config()),
-                           "k_per_kb": self.k_per_kb, "kb_config": str(self.kb_config)}, sort_keys=True, default=str)
+        """Hash of what determines a method's predictions: a cached one with another hash is recomputed.
+
+        It covers the method's policy and loop settings (a variant's merged ones) and, for policy paths on this disk,
+        their files' sizes and modification times, so a checkpoint retrained in place is evaluated again.
+        """
+        policy = self.policy_settings(method)
+        data = {
+            "method": method,
+            "policy": policy,
+            "agent": asdict(self.agent_config(method)),
+            "k_per_kb": self.k_per_kb,
+            "kb_config": str(self.kb_config),
+        }
+        paths = {key: policy.get(key) for key in POLICY_PATH_KEYS}
+        paths["adapter"] = resolved_adapter(policy)  # an alias's shipped adapter too
+        stamps = {key: _files_stamp(Path(p)) for key, p in paths.items() if isinstance(p, str) and Path(p).exists()}
+        if stamps:  # absent for hub names and aliases, so their fingerprints are what they were before stamps
+            data["weights"] = stamps
+        blob = json.dumps(data, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+VARIANT_KEYS = ("policy", "agent")
+POLICY_PATH_KEYS = ("model", "adapter")  # policy settings that may name a folder on disk
+
+
+def resolved_adapter(policy: dict) -> str | None:
+    """The adapter folder a policy mapping loads: its `adapter`, or the one a model alias brings (`smollm2-kbrouter`)."""
+    from agent.backends.models import resolve_policy_model
+
+    return resolve_policy_model(str(policy.get("model", "")), policy.get("adapter"))[1]
+
+
+def _check_alias(policy: dict, where: str) -> None:
+    try:
+        resolved_adapter(policy)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from e
+
+
+def _check_agent_keys(overrides: dict, where: str) -> None:
+    agent_keys = {f.name for f in fields(AgentConfig)}
+    unknown = set(overrides) - agent_keys
+    if unknown:
+        raise ValueError(f"{where} has unknown key(s) {sorted(unknown)}; valid: {sorted(agent_keys)}")
+
+
+def _files_stamp(path: Path) -> str:
+    """Hash of the names, sizes and modification times of the files at `path` (a file or a folder)."""
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    blob = json.dumps(
+        [(str(p.relative_to(path)) if p != path else p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def _resolve(value: str, base: Path) -> Path:

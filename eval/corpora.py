@@ -48,8 +48,14 @@ def coco_caption_rows(shared: Path) -> list[dict]:
             counts = Counter(o["category"] for o in img.get("objects", []) if not o.get("iscrowd"))
             objects = ", ".join(f"{n} {c}" for c, n in sorted(counts.items()))
             text = " ".join(img["captions"]) + (f" Objects: {objects}." if objects else "")
-            rows.append({"id": img["image_id"], "title": f"photo {img['image_id']}", "text": text,
-                         "image": str(shared / "image" / "coco" / img["file"])})
+            rows.append(
+                {
+                    "id": img["image_id"],
+                    "title": f"photo {img['image_id']}",
+                    "text": text,
+                    "image": str(shared / "image" / "coco" / img["file"]),
+                }
+            )
     return rows
 
 
@@ -85,9 +91,17 @@ def video_clip_rows(shared: Path) -> list[dict]:
             for start, end, note in shots:
                 said = " ".join(t for s, e, t in cues if s < end and e > start)
                 text = note + (f" Dialogue: {said}" if said else "")
-                rows.append({"id": f"{video['video_id']}@{start:g}-{end:g}", "title": video["source_title"],
-                             "text": text, "video_id": video["video_id"], "start": start, "end": end,
-                             "video": str(root / video["file"])})
+                rows.append(
+                    {
+                        "id": f"{video['video_id']}@{start:g}-{end:g}",
+                        "title": video["source_title"],
+                        "text": text,
+                        "video_id": video["video_id"],
+                        "start": start,
+                        "end": end,
+                        "video": str(root / video["file"]),
+                    }
+                )
     return rows
 
 
@@ -107,7 +121,9 @@ def prepare_corpora(names: list[str], shared: str | Path, out_dir: str | Path) -
     unknown = sorted(set(names) - set(CORPORA))
     if unknown:
         raise ValueError(f"unknown derived corpus {unknown}; valid: {sorted(CORPORA)}")
-    shared, out_dir = Path(shared), Path(out_dir)
+    # resolved, so the media paths written into the corpora (and so the index fingerprints) do not depend on how the
+    # shared folder was spelled (`../shared/data` from the CLI, `configs/eval/../../../shared/data` from an eval YAML)
+    shared, out_dir = Path(shared).resolve(), Path(out_dir)
     if names and not shared.is_dir():
         raise FileNotFoundError(f"shared data folder {str(shared)!r} does not exist; set `shared_data` in the config")
     out = {}

@@ -7,6 +7,11 @@ image ids, `<video>@<start>-<end>` spans) and `answer_type` (`yesno` or `open`).
 `datasets.Dataset` for the subset (seeded shuffle, `limit`) and are returned as `Question`s whose `metadata`
 carries the gold fields.
 
+`split_file:` (e.g. `data/splits/shared_heldout.json`, written by `scripts/make_splits.py`) keeps only the questions
+listed as held out for the dataset (`split_key:`, default: the loader name, or the dataset name for the generic `jsonl`
+loader), before sampling; the loaded dataset
+records how many of the split's questions it kept, so a report shows it read held-out questions only.
+
 The paper's six sets (`r1router/`) ship without images: a visual set whose images are missing is reported and
 skipped unless `text_only: true` (questions without their image) or `image_root:` points at the images.
 """
@@ -42,6 +47,18 @@ class DatasetSpec:
     image_root: str = field(default="", metadata={"help": "Folder holding the images of r1router visual sets."})
     gold_kb: str | None = field(default=None, metadata={"help": "KB name holding the evidence; loader default."})
     columns: dict = field(default_factory=dict, metadata={"help": "jsonl loader: our field -> file column."})
+    split_file: str = field(
+        default="",
+        metadata={
+            "help": "JSON of held-out ids (scripts/make_splits.py): keep only this dataset's held-out questions."
+        },
+    )
+    split_key: str = field(
+        default="",
+        metadata={
+            "help": "The dataset's entry in `split_file`; default: `loader` (`name` for the generic jsonl loader)."
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.loader not in LOADERS:
@@ -52,7 +69,13 @@ class DatasetSpec:
             raise ValueError(f"dataset {self.name!r}: `limit` must be >= 1 or null, got {self.limit}")
         unknown = set(self.columns) - set(COLUMN_KEYS)
         if unknown:
-            raise ValueError(f"dataset {self.name!r}: unknown `columns` key(s) {sorted(unknown)}; valid: {COLUMN_KEYS}")
+            raise ValueError(
+                f"dataset {self.name!r}: unknown `columns` key(s) {sorted(unknown)}; valid: {COLUMN_KEYS}"
+            )
+        if self.split_key and not self.split_file:
+            raise ValueError(
+                f"dataset {self.name!r}: `split_key` needs `split_file:` (e.g. data/splits/shared_heldout.json)"
+            )
 
 
 @dataclass
@@ -63,6 +86,9 @@ class LoadedDataset:
     group: str
     questions: list[Question]
     skipped: str = ""
+    split: str = (
+        ""  # the held-out filter applied, e.g. "held-out of shared_heldout.json[wtq]: 1016 of 2136 in the file"
+    )
 
 
 def read_jsonl_rows(path: str | Path) -> Iterator[tuple[int, dict]]:
@@ -77,13 +103,28 @@ def read_jsonl_rows(path: str | Path) -> Iterator[tuple[int, dict]]:
     yield from iter_jsonl_objects(path)
 
 
-def _row(id_: str, question: str, answers: list, *, images: list[str] = (), gold_kb: str = "",
-         gold_evidence: list[str] = (), **extra: object) -> dict:
+def _row(
+    id_: str,
+    question: str,
+    answers: list,
+    *,
+    images: list[str] = (),
+    gold_kb: str = "",
+    gold_evidence: list[str] = (),
+    **extra: object,
+) -> dict:
     answers = [str(a) for a in answers]
     answer_type = "yesno" if answers and all(a.strip().lower() in YES_NO for a in answers) else "open"
-    return {"id": id_, "question": question, "answers": answers, "images": list(images), "gold_kb": gold_kb,
-            "gold_evidence": [str(e) for e in gold_evidence], "answer_type": answer_type,
-            "extra": json.dumps(extra, ensure_ascii=False, default=str)}
+    return {
+        "id": id_,
+        "question": question,
+        "answers": answers,
+        "images": list(images),
+        "gold_kb": gold_kb,
+        "gold_evidence": [str(e) for e in gold_evidence],
+        "answer_type": answer_type,
+        "extra": json.dumps(extra, ensure_ascii=False, default=str),
+    }
 
 
 # -- loaders: (spec, file) -> rows ----------------------------------------------------------------------------------
@@ -97,9 +138,16 @@ def _r1_text(prefix: str) -> Callable[[DatasetSpec, Path], list[dict]]:
 def _r1_tabfact(spec: DatasetSpec, path: Path) -> list[dict]:
     join = path.parent.parent / "table" / "tabfact" / "r1router_tabfact_val_to_table.jsonl"
     tables = {r["r1_router_line"]: r["table_id"] for _, r in read_jsonl_rows(join)} if join.is_file() else {}
-    return [_row(f"r1tabfact-{i}", r["question"], [r["answer"]], gold_kb="tabfact",
-                 gold_evidence=[tables[i]] if i in tables else [])
-            for i, (_, r) in enumerate(read_jsonl_rows(path))]
+    return [
+        _row(
+            f"r1tabfact-{i}",
+            r["question"],
+            [r["answer"]],
+            gold_kb="tabfact",
+            gold_evidence=[tables[i]] if i in tables else [],
+        )
+        for i, (_, r) in enumerate(read_jsonl_rows(path))
+    ]
 
 
 def _image_paths(spec: DatasetSpec, image_id: object) -> list[str]:
@@ -113,36 +161,85 @@ def _image_paths(spec: DatasetSpec, image_id: object) -> list[str]:
 
 
 def _r1_infoseek(spec: DatasetSpec, path: Path) -> list[dict]:
-    return [_row(r["data_id"], r["question"], expand_infoseek_golds(r["answer_eval"]),
-                 images=_image_paths(spec, r["image_id"]), image_id=r["image_id"]) for _, r in read_jsonl_rows(path)]
+    return [
+        _row(
+            r["data_id"],
+            r["question"],
+            expand_infoseek_golds(r["answer_eval"]),
+            images=_image_paths(spec, r["image_id"]),
+            image_id=r["image_id"],
+        )
+        for _, r in read_jsonl_rows(path)
+    ]
 
 
 def _r1_dynvqa(spec: DatasetSpec, path: Path) -> list[dict]:
-    return [_row(f"dynvqa-{r['question_id']}", r["question"], r["answer"], images=_image_paths(spec, r["image_id"]),
-                 image_id=r["image_id"]) for _, r in read_jsonl_rows(path)]
+    return [
+        _row(
+            f"dynvqa-{r['question_id']}",
+            r["question"],
+            r["answer"],
+            images=_image_paths(spec, r["image_id"]),
+            image_id=r["image_id"],
+        )
+        for _, r in read_jsonl_rows(path)
+    ]
 
 
 def _r1_webqa(spec: DatasetSpec, path: Path) -> list[dict]:
-    return [_row(f"webqa-{n}", r["question"], [a.strip('"') for a in r["answer"]],
-                 images=_image_paths(spec, r["image_id"]), image_id=r["image_id"]) for n, r in read_jsonl_rows(path)]
+    return [
+        _row(
+            f"webqa-{n}",
+            r["question"],
+            [a.strip('"') for a in r["answer"]],
+            images=_image_paths(spec, r["image_id"]),
+            image_id=r["image_id"],
+        )
+        for n, r in read_jsonl_rows(path)
+    ]
 
 
 def _shared_text(dataset: str) -> Callable[[DatasetSpec, Path], list[dict]]:
     def load(spec: DatasetSpec, path: Path) -> list[dict]:
-        return [_row(r["qid"], r["question"], r["answers"], gold_kb="wiki", gold_evidence=r["supporting_doc_ids"],
-                     hops=r.get("hops")) for _, r in read_jsonl_rows(path) if r["dataset"] == dataset]
+        return [
+            _row(
+                r["qid"],
+                r["question"],
+                r["answers"],
+                gold_kb="wiki",
+                gold_evidence=r["supporting_doc_ids"],
+                hops=r.get("hops"),
+            )
+            for _, r in read_jsonl_rows(path)
+            if r["dataset"] == dataset
+        ]
 
     return load
 
 
+def tabfact_question(statement: str) -> str:
+    """A TabFact statement asked as a yes/no question, worded as `data_synthesis.inputs` words it for training."""
+    return f"Is it true that {statement.strip()}?"
+
+
 def _tabfact(spec: DatasetSpec, path: Path) -> list[dict]:
-    return [_row(r["qid"], f"is {r['statement']}?", ["yes" if r["label"] == 1 else "no"], gold_kb="tabfact",
-                 gold_evidence=[r["table_id"]]) for _, r in read_jsonl_rows(path)]
+    return [
+        _row(
+            r["qid"],
+            tabfact_question(r["statement"]),
+            ["yes" if r["label"] == 1 else "no"],
+            gold_kb="tabfact",
+            gold_evidence=[r["table_id"]],
+        )
+        for _, r in read_jsonl_rows(path)
+    ]
 
 
 def _wtq(spec: DatasetSpec, path: Path) -> list[dict]:
-    return [_row(r["qid"], r["question"], r["answers"], gold_kb="wtq", gold_evidence=[r["table_id"]])
-            for _, r in read_jsonl_rows(path)]
+    return [
+        _row(r["qid"], r["question"], r["answers"], gold_kb="wtq", gold_evidence=[r["table_id"]])
+        for _, r in read_jsonl_rows(path)
+    ]
 
 
 def _coco(spec: DatasetSpec, path: Path) -> list[dict]:
@@ -150,23 +247,46 @@ def _coco(spec: DatasetSpec, path: Path) -> list[dict]:
     index = path.parent / "images.jsonl"
     if index.is_file():
         images = {r["image_id"]: str(path.parent / r["file"]) for _, r in read_jsonl_rows(index)}
-    return [_row(r["qid"], r["question"], [r["answer"]], images=[images.get(r["image_id"], f"<missing:{r['image_id']}>")]
-                 if not spec.text_only else [], gold_kb="coco_captions", gold_evidence=[r["image_id"]], type=r["type"])
-            for _, r in read_jsonl_rows(path)]
+    return [
+        _row(
+            r["qid"],
+            r["question"],
+            [r["answer"]],
+            images=[images.get(r["image_id"], f"<missing:{r['image_id']}>")] if not spec.text_only else [],
+            gold_kb="coco_captions",
+            gold_evidence=[r["image_id"]],
+            type=r["type"],
+        )
+        for _, r in read_jsonl_rows(path)
+    ]
 
 
 def _video(spec: DatasetSpec, path: Path) -> list[dict]:
-    return [_row(r["qid"], r["question"], [r["answer"]], gold_kb="video_clips",
-                 gold_evidence=[f"{r['video_id']}@{r['evidence_span_s'][0]:g}-{r['evidence_span_s'][1]:g}"])
-            for _, r in read_jsonl_rows(path)]
+    return [
+        _row(
+            r["qid"],
+            r["question"],
+            [r["answer"]],
+            gold_kb="video_clips",
+            gold_evidence=[f"{r['video_id']}@{r['evidence_span_s'][0]:g}-{r['evidence_span_s'][1]:g}"],
+        )
+        for _, r in read_jsonl_rows(path)
+    ]
 
 
 COLUMN_KEYS = ("id", "question", "answers", "images", "gold_kb", "gold_evidence")
 
 
 def _jsonl(spec: DatasetSpec, path: Path) -> list[dict]:
-    cols = {"id": "id", "question": "question", "answers": "answers", "images": "images", "gold_kb": "gold_kb",
-            "gold_evidence": "gold_evidence", **spec.columns}
+    cols = {
+        "id": "id",
+        "question": "question",
+        "answers": "answers",
+        "images": "images",
+        "gold_kb": "gold_kb",
+        "gold_evidence": "gold_evidence",
+        **spec.columns,
+    }
     rows = []
     for n, r in read_jsonl_rows(path):
         for key in ("question", "answers"):
@@ -175,11 +295,16 @@ def _jsonl(spec: DatasetSpec, path: Path) -> list[dict]:
         answers = r.get(cols["answers"], r.get("golden_answers"))
         images = r.get(cols["images"]) or []
         evidence = r.get(cols["gold_evidence"]) or []
-        rows.append(_row(str(r.get(cols["id"], f"{spec.name}-{n}")), r[cols["question"]],
-                         [answers] if isinstance(answers, str) else list(answers),
-                         images=[images] if isinstance(images, str) else images,
-                         gold_kb=str(r.get(cols["gold_kb"]) or ""),
-                         gold_evidence=[evidence] if isinstance(evidence, str) else evidence))
+        rows.append(
+            _row(
+                str(r.get(cols["id"], f"{spec.name}-{n}")),
+                r[cols["question"]],
+                [answers] if isinstance(answers, str) else list(answers),
+                images=[images] if isinstance(images, str) else images,
+                gold_kb=str(r.get(cols["gold_kb"]) or ""),
+                gold_evidence=[evidence] if isinstance(evidence, str) else evidence,
+            )
+        )
     return rows
 
 
@@ -202,12 +327,38 @@ LOADERS: dict[str, tuple[Callable[[DatasetSpec, Path], list[dict]], str, str]] =
 SPEC_KEYS = tuple(f.name for f in fields(DatasetSpec))
 
 
-def load_dataset(spec: DatasetSpec, shared_data: str | Path = "") -> LoadedDataset:
-    """Load one benchmark into questions (subset by `sample_seed`/`limit` through `datasets`).
+def read_split(split_file: str | Path, key: str) -> set[str]:
+    """The held-out question ids of one dataset in a split file (`{"heldout": {key: {"qids": [...]}}}`).
 
     Raises:
-        FileNotFoundError: the question file is missing.
-        ValueError: a malformed line (named by file and line) or a missing column.
+        FileNotFoundError: no such file.
+        ValueError: not a split file, or `key` is not in it (the message lists the keys it has).
+    """
+    path = Path(split_file)
+    if not path.is_file():
+        raise FileNotFoundError(f"split file {str(path)!r} does not exist; write it with scripts/make_splits.py")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"split file {path}: not valid JSON ({e})") from e
+    held = data.get("heldout") if isinstance(data, dict) else None
+    if not isinstance(held, dict):
+        raise ValueError(f'split file {path}: expected {{"heldout": {{dataset: {{"qids": [...]}}}}}}')
+    if key not in held or not isinstance(held[key], dict) or not isinstance(held[key].get("qids"), list):
+        raise ValueError(
+            f"split file {path} has no held-out ids for {key!r}; it has {sorted(held)} "
+            "(set `split_key:` to one of them)"
+        )
+    return {str(q) for q in held[key]["qids"]}
+
+
+def load_dataset(spec: DatasetSpec, shared_data: str | Path = "") -> LoadedDataset:
+    """Load one benchmark into questions (held-out filter, then subset by `sample_seed`/`limit` through `datasets`).
+
+    Raises:
+        FileNotFoundError: the question or split file is missing.
+        ValueError: a malformed line (named by file and line), a missing column, or a split file that holds none of
+            the loader's ids (they name questions differently).
     """
     import datasets
 
@@ -215,8 +366,21 @@ def load_dataset(spec: DatasetSpec, shared_data: str | Path = "") -> LoadedDatas
     path = Path(spec.path) if spec.path else Path(shared_data) / default_file
     group = spec.group or default_group
     rows = rows_fn(spec, path)
+    split = ""
+    if spec.split_file:
+        key = spec.split_key or (spec.name if spec.loader == "jsonl" else spec.loader)
+        held = read_split(spec.split_file, key)
+        kept = [r for r in rows if r["id"] in held]
+        if rows and not kept:
+            raise ValueError(
+                f"dataset {spec.name!r}: none of the {len(rows)} question ids of {path} (e.g. "
+                f"{rows[0]['id']!r}) is held out in {spec.split_file}[{key!r}] (e.g. "
+                f"{next(iter(sorted(held)), '')!r}); the split and the loader name questions differently"
+            )
+        split = f"held-out of {Path(spec.split_file).name}[{key}]: {len(kept)} of {len(rows)} in the file"
+        rows = kept
     if not rows:
-        return LoadedDataset(spec, group, [], skipped=f"no questions in {path}")
+        return LoadedDataset(spec, group, [], skipped=f"no questions in {path}", split=split)
     ds = datasets.Dataset.from_list(rows)
     if spec.sample_seed is not None:
         ds = ds.shuffle(seed=spec.sample_seed)
@@ -224,20 +388,31 @@ def load_dataset(spec: DatasetSpec, shared_data: str | Path = "") -> LoadedDatas
         ds = ds.select(range(min(spec.limit, len(ds))))
     missing = [img for row in ds for img in row["images"] if img.startswith("<missing:") or not Path(img).exists()]
     if missing and not spec.text_only:
-        reason = (f"{len(missing)} of {len(ds)} questions' images are not available (e.g. {missing[0]}); the paper's "
-                  "visual sets ship without images: set `image_root:` to their folder, or `text_only: true`")
+        reason = (
+            f"{len(missing)} of {len(ds)} questions' images are not available (e.g. {missing[0]}); the paper's "
+            "visual sets ship without images: set `image_root:` to their folder, or `text_only: true`"
+        )
         logger.warning("dataset %s skipped: %s", spec.name, reason)
-        return LoadedDataset(spec, group, [], skipped=reason)
+        return LoadedDataset(spec, group, [], skipped=reason, split=split)
     questions = []
     for row in ds:
         gold_kb = spec.gold_kb if spec.gold_kb is not None else row["gold_kb"]
-        meta = {"dataset": spec.name, "group": group, "gold_kb": gold_kb, "gold_evidence": row["gold_evidence"],
-                "answer_type": row["answer_type"], **json.loads(row["extra"])}
+        meta = {
+            "dataset": spec.name,
+            "group": group,
+            "gold_kb": gold_kb,
+            "gold_evidence": row["gold_evidence"],
+            "answer_type": row["answer_type"],
+            **json.loads(row["extra"]),
+        }
         images = () if spec.text_only else tuple(row["images"])
-        questions.append(Question(id=row["id"], question=row["question"], images=images,
-                                  answers=tuple(row["answers"]), metadata=meta))
+        questions.append(
+            Question(
+                id=row["id"], question=row["question"], images=images, answers=tuple(row["answers"]), metadata=meta
+            )
+        )
     ids = [q.id for q in questions]
     if len(set(ids)) != len(ids):
         dup = next(i for i in ids if ids.count(i) > 1)
         raise ValueError(f"dataset {spec.name!r} ({path}): duplicate question id {dup!r}; ids must be unique")
-    return LoadedDataset(spec, group, questions)
+    return LoadedDataset(spec, group, questions, split=split)

@@ -13,7 +13,7 @@ same way: a retrieval is a `Step` (its `kb` is the KB name, or `all` for a searc
 | `ircot` | IRCoT: alternate one reasoning sentence and a search with it, up to `max_steps` |
 | `iter_retgen` | Iter-RetGen: search with question + previous answer, regenerate, `max_steps` rounds |
 | `router` | UniversalRAG-style one-shot router: pick one KB (or none) for the question, retrieve once, answer |
-| `agent` | the step-wise agent, prompted (or any checkpoint named in the config's `checkpoints`) |
+| `agent` | the step-wise agent, prompted (and any variant named in the config's `agent_variants` / `checkpoints`) |
 | `agent_random` | ablation: the agent with each chosen KB replaced by a uniformly random one |
 """
 
@@ -30,8 +30,7 @@ from dataclasses import dataclass, field
 from agent.backends.base import Completion, Message, Policy, SamplingParams
 from agent.kbs import KnowledgeBase
 from agent.loop import AgentConfig, Question, StepAgent, strip_tags
-from agent.prompts import answer_messages, final_messages, kb_list, render_hits
-from agent.protocol import parse_answer
+from agent.protocol import answer_messages, final_messages, kb_list, parse_answer, render_hits
 from agent.types import Step, Trajectory
 from retrievers.types import Hit, Query
 
@@ -57,8 +56,9 @@ class _Counter:
     def __init__(self, ctx: MethodContext, n: int) -> None:
         self.ctx, self.prompt, self.completion = ctx, [0] * n, [0] * n
 
-    def generate(self, idx: list[int], convs: list[list[Message]], tokens: int, stop: tuple[str, ...],
-                 salt: int = 0) -> list[Completion]:
+    def generate(
+        self, idx: list[int], convs: list[list[Message]], tokens: int, stop: tuple[str, ...], salt: int = 0
+    ) -> list[Completion]:
         if not idx:
             return []
         outs = self.ctx.policy.generate(convs, self.ctx.agent.sampling(tokens, stop, salt))
@@ -68,8 +68,12 @@ class _Counter:
         return outs
 
     def meta(self, i: int, **extra: object) -> dict:
-        return {"model": self.ctx.policy.name, "prompt_tokens": self.prompt[i],
-                "completion_tokens": self.completion[i], **extra}
+        return {
+            "model": self.ctx.policy.name,
+            "prompt_tokens": self.prompt[i],
+            "completion_tokens": self.completion[i],
+            **extra,
+        }
 
 
 def _answer_of(out: Completion) -> tuple[str, str, tuple[str, ...]]:
@@ -97,20 +101,34 @@ def _query(q: Question, text: str) -> Query:
     return Query(text=text, image=next(iter(q.images), None))
 
 
-def _trajectory(q: Question, steps: list[Step], think: str, answer: str, raw: Sequence[str], errors: Sequence[str],
-                meta: dict) -> Trajectory:
+def _trajectory(
+    q: Question, steps: list[Step], think: str, answer: str, raw: Sequence[str], errors: Sequence[str], meta: dict
+) -> Trajectory:
     stop = "backend_error" if "backend_error" in errors else ("format_error" if errors else "answered")
-    return Trajectory(id=q.id, question=q.question, images=q.images, steps=tuple(steps), final_think=think,
-                      final_answer=answer, final_raw=tuple(raw), stop_reason=stop, gold=q.answers,
-                      metadata={**q.metadata, **meta, "final_errors": list(errors)})
+    return Trajectory(
+        id=q.id,
+        question=q.question,
+        images=q.images,
+        steps=tuple(steps),
+        final_think=think,
+        final_answer=answer,
+        final_raw=tuple(raw),
+        stop_reason=stop,
+        gold=q.answers,
+        metadata={**q.metadata, **meta, "final_errors": list(errors)},
+    )
 
 
 def no_retrieval(questions: Sequence[Question], ctx: MethodContext) -> list[Trajectory]:
     """Answer each question from the policy's own knowledge (the final-answer prompt with no history)."""
     gen = _Counter(ctx, len(questions))
     idx = list(range(len(questions)))
-    outs = gen.generate(idx, [final_messages(q.question, [], q.images, ctx.agent.few_shot) for q in questions],
-                        ctx.agent.final_tokens, ("</answer>",))
+    outs = gen.generate(
+        idx,
+        [final_messages(q.question, [], q.images, ctx.agent.prompt_settings) for q in questions],
+        ctx.agent.final_tokens,
+        ("</answer>",),
+    )
     out = []
     for i, (q, o) in enumerate(zip(questions, outs, strict=True)):
         think, answer, errors = _answer_of(o)
@@ -118,21 +136,41 @@ def no_retrieval(questions: Sequence[Question], ctx: MethodContext) -> list[Traj
     return out
 
 
-def _answer_with_hits(questions: Sequence[Question], ctx: MethodContext, hits: list[list[Hit]],
-                      kb_of: list[str | None], searches: list[int]) -> list[Trajectory]:
+def _answer_with_hits(
+    questions: Sequence[Question],
+    ctx: MethodContext,
+    hits: list[list[Hit]],
+    kb_of: list[str | None],
+    searches: list[int],
+) -> list[Trajectory]:
     """One batched answer over each question's evidence; `kb_of[i] is None` means answer without retrieval."""
     gen = _Counter(ctx, len(questions))
-    convs = [answer_messages(q.question, h, q.images, ctx.agent.few_shot) if kb is not None
-             else final_messages(q.question, [], q.images, ctx.agent.few_shot)
-             for q, h, kb in zip(questions, hits, kb_of, strict=True)]
+    convs = [
+        answer_messages(q.question, h, q.images, ctx.agent.prompt_settings)
+        if kb is not None
+        else final_messages(q.question, [], q.images, ctx.agent.prompt_settings)
+        for q, h, kb in zip(questions, hits, kb_of, strict=True)
+    ]
     t0 = time.perf_counter()
     outs = gen.generate(list(range(len(questions))), convs, ctx.agent.answer_tokens, ("</answer>",))
     answer_s = time.perf_counter() - t0
     out = []
     for i, (q, o) in enumerate(zip(questions, outs, strict=True)):
         think, answer, errors = _answer_of(o)
-        steps = [Step(index=0, sub_question=q.question, kb=kb_of[i], hits=tuple(hits[i]), answer=answer,
-                      timings={"answer_s": answer_s})] if kb_of[i] is not None else []
+        steps = (
+            [
+                Step(
+                    index=0,
+                    sub_question=q.question,
+                    kb=kb_of[i],
+                    hits=tuple(hits[i]),
+                    answer=answer,
+                    timings={"answer_s": answer_s},
+                )
+            ]
+            if kb_of[i] is not None
+            else []
+        )
         out.append(_trajectory(q, steps, think, answer, [o.text], errors, gen.meta(i, searches=searches[i])))
     return out
 
@@ -175,23 +213,48 @@ def router(questions: Sequence[Question], ctx: MethodContext) -> list[Trajectory
     """UniversalRAG-style: one routing decision per question (a KB or none), one retrieval, one answer."""
     gen = _Counter(ctx, len(questions))
     names = list(ctx.kbs)
-    system = ROUTER_SYSTEM.format(kb_list=kb_list([(kb.display_name, kb.description) for kb in ctx.kbs.values()]),
-                                  example=names[0] if names else "None")
-    convs = [[{"role": "system", "content": system}, {"role": "user", "content": f"Question: {q.question}"}]
-             for q in questions]
+    system = ROUTER_SYSTEM.format(
+        kb_list=kb_list([(kb.display_name, kb.description) for kb in ctx.kbs.values()]),
+        example=names[0] if names else "None",
+    )
+    convs = [
+        [{"role": "system", "content": system}, {"role": "user", "content": f"Question: {q.question}"}]
+        for q in questions
+    ]
     routes = gen.generate(list(range(len(questions))), convs, 24, ("</ret>",))
     chosen = [parse_route(o.text, names) for o in routes]
     hits: list[list[Hit]] = [[] for _ in questions]
     for display in set(c for c in chosen if c):
         idx = [i for i, c in enumerate(chosen) if c == display]
-        for i, h in zip(idx, _search(ctx.kbs[display], [_query(questions[i], questions[i].question) for i in idx],
-                                     ctx.agent.top_k), strict=True):
+        for i, h in zip(
+            idx,
+            _search(ctx.kbs[display], [_query(questions[i], questions[i].question) for i in idx], ctx.agent.top_k),
+            strict=True,
+        ):
             hits[i] = h
-    out = _answer_with_hits(questions, ctx, hits, [ctx.kbs[c].name if c else None for c in chosen],
-                            [1 if c else 0 for c in chosen])
-    return [_with_meta(t, route_raw=o.text, prompt_tokens=t.metadata["prompt_tokens"] + gen.prompt[i],
-                       completion_tokens=t.metadata["completion_tokens"] + gen.completion[i])
-            for i, (t, o) in enumerate(zip(out, routes, strict=True))]
+    out = _answer_with_hits(
+        questions, ctx, hits, [ctx.kbs[c].name if c else None for c in chosen], [1 if c else 0 for c in chosen]
+    )
+    # `route`: the KB searched, `none` (the router said None) or `format_error` (no KB name and no None in its reply)
+    decisions = [
+        ctx.kbs[c].name if c else "none" if _says_none(o.text) else "format_error"
+        for c, o in zip(chosen, routes, strict=True)
+    ]
+    return [
+        _with_meta(
+            t,
+            route_raw=o.text,
+            route=decisions[i],
+            prompt_tokens=t.metadata["prompt_tokens"] + gen.prompt[i],
+            completion_tokens=t.metadata["completion_tokens"] + gen.completion[i],
+        )
+        for i, (t, o) in enumerate(zip(out, routes, strict=True))
+    ]
+
+
+def _says_none(text: str) -> bool:
+    m = re.search(r"<\s*ret\s*>(.*?)(?:<\s*/\s*ret\s*>|$)", text, re.IGNORECASE | re.DOTALL)
+    return (m.group(1) if m else text).strip().strip(".").lower() == "none"
 
 
 def _with_meta(t: Trajectory, **extra: object) -> Trajectory:
@@ -208,17 +271,27 @@ def ircot(questions: Sequence[Question], ctx: MethodContext) -> list[Trajectory]
     n = len(questions)
     gen = _Counter(ctx, n)
     hits = _search_all(ctx, [_query(q, q.question) for q in questions])
-    steps: list[list[Step]] = [[Step(index=0, sub_question=q.question, kb="all", hits=tuple(h))]
-                               for q, h in zip(questions, hits, strict=True)]
+    steps: list[list[Step]] = [
+        [Step(index=0, sub_question=q.question, kb="all", hits=tuple(h))] for q, h in zip(questions, hits, strict=True)
+    ]
     cot: list[list[str]] = [[] for _ in questions]
     done: list[str | None] = [None] * n
     for step_i in range(1, ctx.agent.max_steps + 1):
         idx = [i for i in range(n) if done[i] is None]
         if not idx:
             break
-        convs = [[{"role": "system", "content": IRCOT_SYSTEM},
-                  {"role": "user", "content": f"Evidence:\n{render_hits(hits[i])}\n\nQuestion: {questions[i].question}"
-                   f"\nReasoning so far: {' '.join(cot[i]) or '(none)'}\nNext sentence:"}] for i in idx]
+        convs = [
+            [
+                {"role": "system", "content": IRCOT_SYSTEM},
+                {
+                    "role": "user",
+                    "content": f"Evidence:\n{render_hits(hits[i], ctx.agent.evidence_chars)}\n\n"
+                    f"Question: {questions[i].question}"
+                    f"\nReasoning so far: {' '.join(cot[i]) or '(none)'}\nNext sentence:",
+                },
+            ]
+            for i in idx
+        ]
         outs = gen.generate(idx, convs, ctx.agent.plan_tokens, ("\n",), salt=step_i)
         search_idx = []
         for i, o in zip(idx, outs, strict=True):
@@ -231,20 +304,37 @@ def ircot(questions: Sequence[Question], ctx: MethodContext) -> list[Trajectory]
                 search_idx.append(i)
         new = _search_all(ctx, [_query(questions[i], cot[i][-1]) for i in search_idx])
         for i, h in zip(search_idx, new, strict=True):
-            steps[i].append(Step(index=len(steps[i]), think=cot[i][-1], sub_question=cot[i][-1], kb="all",
-                                 hits=tuple(h)))
-            hits[i] = [*hits[i], *h][-4 * max(1, len(ctx.kbs)) * ctx.k_per_kb:]  # keep the prompt bounded
+            steps[i].append(
+                Step(index=len(steps[i]), think=cot[i][-1], sub_question=cot[i][-1], kb="all", hits=tuple(h))
+            )
+            hits[i] = [*hits[i], *h][-4 * max(1, len(ctx.kbs)) * ctx.k_per_kb :]  # keep the prompt bounded
     # questions whose reasoning never said "the answer is" get one answer call over all their evidence
     rest = [i for i in range(n) if done[i] is None]
-    outs = gen.generate(rest, [answer_messages(questions[i].question, hits[i], questions[i].images,
-                                               ctx.agent.few_shot) for i in rest], ctx.agent.answer_tokens,
-                        ("</answer>",), salt=99)
+    outs = gen.generate(
+        rest,
+        [
+            answer_messages(questions[i].question, hits[i], questions[i].images, ctx.agent.prompt_settings)
+            for i in rest
+        ],
+        ctx.agent.answer_tokens,
+        ("</answer>",),
+        salt=99,
+    )
     final = {i: _answer_of(o) + (o.text,) for i, o in zip(rest, outs, strict=True)}
     out = []
     for i, q in enumerate(questions):
         think, answer, errors, raw = final.get(i, (" ".join(cot[i]), done[i] or "", (), ""))
-        out.append(_trajectory(q, steps[i], think, answer, [raw] if raw else [], errors,
-                               gen.meta(i, searches=len(steps[i]) * len(ctx.kbs), cot=cot[i])))
+        out.append(
+            _trajectory(
+                q,
+                steps[i],
+                think,
+                answer,
+                [raw] if raw else [],
+                errors,
+                gen.meta(i, searches=len(steps[i]) * len(ctx.kbs), cot=cot[i]),
+            )
+        )
     return out
 
 
@@ -258,15 +348,32 @@ def iter_retgen(questions: Sequence[Question], ctx: MethodContext) -> list[Traje
     for r in range(max(1, ctx.agent.max_steps)):
         queries = [f"{q.question} {answers[i]}".strip() for i, q in enumerate(questions)]
         hits = _search_all(ctx, [_query(q, text) for q, text in zip(questions, queries, strict=True)])
-        outs = gen.generate(list(range(n)), [answer_messages(q.question, h, q.images, ctx.agent.few_shot)
-                                             for q, h in zip(questions, hits, strict=True)], ctx.agent.answer_tokens,
-                            ("</answer>",), salt=r)
+        outs = gen.generate(
+            list(range(n)),
+            [
+                answer_messages(q.question, h, q.images, ctx.agent.prompt_settings)
+                for q, h in zip(questions, hits, strict=True)
+            ],
+            ctx.agent.answer_tokens,
+            ("</answer>",),
+            salt=r,
+        )
         for i, o in enumerate(outs):
             last[i] = _answer_of(o) + (o.text,)
             answers[i] = last[i][1]
             steps[i].append(Step(index=r, sub_question=queries[i], kb="all", hits=tuple(hits[i]), answer=answers[i]))
-    return [_trajectory(q, steps[i], last[i][0], last[i][1], [last[i][3]], last[i][2],
-                        gen.meta(i, searches=len(steps[i]) * len(ctx.kbs))) for i, q in enumerate(questions)]
+    return [
+        _trajectory(
+            q,
+            steps[i],
+            last[i][0],
+            last[i][1],
+            [last[i][3]],
+            last[i][2],
+            gen.meta(i, searches=len(steps[i]) * len(ctx.kbs)),
+        )
+        for i, q in enumerate(questions)
+    ]
 
 
 def _agent_trajectories(agent: StepAgent, questions: Sequence[Question]) -> list[Trajectory]:
@@ -304,8 +411,13 @@ class RandomRoutePolicy:
                 key = hashlib.sha256(f"{self.seed}:{json.dumps(conv, sort_keys=True, default=str)}".encode()).digest()
                 choice = random.Random(key).choice(self.kb_names)
                 text = out.text[: m.start(2)] + choice + out.text[m.end(2) :]
-                out = Completion(text, out.prompt_tokens, out.completion_tokens, out.finish_reason,
-                                 {**out.metadata, "policy_ret": m.group(2).strip()})
+                out = Completion(
+                    text,
+                    out.prompt_tokens,
+                    out.completion_tokens,
+                    out.finish_reason,
+                    {**out.metadata, "policy_ret": m.group(2).strip()},
+                )
             result.append(out)
         return result
 
@@ -325,25 +437,31 @@ BASE_METHODS: dict[str, MethodFn] = {
     "agent": step_agent,
     "agent_random": random_route_agent,
 }
-ROUTING_METHODS = frozenset({"router", "agent", "agent_random"})  # methods that choose a KB (routing accuracy)
+AGENT_METHODS = frozenset({"agent", "agent_random"})  # methods that run the step protocol (plan / answer / final)
+ROUTING_METHODS = AGENT_METHODS | {"router"}  # methods that choose a KB (routing accuracy); agent variants too
 SINGLE_KB_ALL = "single_kb"  # in a config's method list: one `rag_<kb>` per configured KB
 
 
-def available_methods(kb_names: Sequence[str], checkpoints: Sequence[str] = ()) -> dict[str, MethodFn]:
-    """Every valid method name for these KBs (and checkpoint agents, which run `step_agent` with their policy)."""
+def reserved_method_name(name: str) -> bool:
+    """Whether `name` is taken by a built-in method (so an agent variant may not use it)."""
+    return name in BASE_METHODS or name == SINGLE_KB_ALL or name.startswith("rag_")
+
+
+def available_methods(kb_names: Sequence[str], variants: Sequence[str] = ()) -> dict[str, MethodFn]:
+    """Every valid method name for these KBs (and agent variants, which run `step_agent` with their settings)."""
     out = dict(BASE_METHODS)
     out.update({f"rag_{name}": single_kb_rag(name) for name in kb_names})
-    out.update({name: step_agent for name in checkpoints})
+    out.update({name: step_agent for name in variants})
     return out
 
 
-def resolve_methods(requested: Sequence[str], kb_names: Sequence[str], checkpoints: Sequence[str] = ()) -> list[str]:
+def resolve_methods(requested: Sequence[str], kb_names: Sequence[str], variants: Sequence[str] = ()) -> list[str]:
     """Expand `single_kb` and check every name.
 
     Raises:
         ValueError: an unknown method name; the message lists the valid ones.
     """
-    valid = available_methods(kb_names, checkpoints)
+    valid = available_methods(kb_names, variants)
     out: list[str] = []
     for name in requested:
         names = [f"rag_{kb}" for kb in kb_names] if name == SINGLE_KB_ALL else [name]

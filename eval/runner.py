@@ -7,8 +7,9 @@ what is missing. A cached record made under other settings (its `fingerprint` di
 
 from __future__ import annotations
 
+import gc
 import logging
-import os
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -36,6 +37,26 @@ def make_policy(settings: dict | str, where: str = "policy") -> Policy:
     return build(PolicyConfig.from_dict({"model": settings} if isinstance(settings, str) else settings, where))
 
 
+# Builds a policy from its resolved settings and where they come from (for error messages); tests pass a fake.
+PolicyFactory = Callable[[dict, str], Policy]
+
+
+def release_policy() -> None:
+    """Return the memory of a policy whose last reference was just dropped (CPU RAM now, GPU memory if used)."""
+    gc.collect()
+    torch = sys.modules.get("torch")  # only a policy that imported torch can hold its memory
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def run_order(cfg: EvalConfig, methods: Sequence[str]) -> list[list[str]]:
+    """Methods grouped by the policy they run with, groups in order of first use: each policy loads once."""
+    groups: dict[str, list[str]] = {}
+    for m in methods:
+        groups.setdefault(cfg.policy_key(m), []).append(m)
+    return list(groups.values())
+
+
 def cache_key(dataset: str, method: str, qid: str) -> str:
     return f"{dataset}\t{method}\t{qid}"
 
@@ -54,8 +75,14 @@ def read_cache(path: Path) -> dict[str, dict]:
 
 def error_trajectory(q: Question, message: str) -> Trajectory:
     """The placeholder trajectory of a question whose method raised."""
-    return Trajectory(id=q.id, question=q.question, images=q.images, stop_reason="backend_error", gold=q.answers,
-                      metadata={**q.metadata, "error": message})
+    return Trajectory(
+        id=q.id,
+        question=q.question,
+        images=q.images,
+        stop_reason="backend_error",
+        gold=q.answers,
+        metadata={**q.metadata, "error": message},
+    )
 
 
 def run_questions(fn: MethodFn, questions: Sequence[Question], ctx: MethodContext) -> list[tuple[Trajectory, str]]:
@@ -65,8 +92,9 @@ def run_questions(fn: MethodFn, questions: Sequence[Question], ctx: MethodContex
         `(trajectory, error message or "")` per question, in order.
     """
     try:
-        return [(t, t.metadata.get("error", "") if t.stop_reason == "backend_error" else "")
-                for t in fn(questions, ctx)]
+        return [
+            (t, t.metadata.get("error", "") if t.stop_reason == "backend_error" else "") for t in fn(questions, ctx)
+        ]
     except Exception as e:  # a failing question must not end the run; it is retried alone below
         if len(questions) == 1:
             logger.warning("question %s failed: %s", questions[0].id, e)
@@ -79,17 +107,20 @@ def run_eval(
     cfg: EvalConfig,
     policy: Policy | None = None,
     kbs: dict[str, KnowledgeBase] | None = None,
-    checkpoint_policies: dict[str, Policy] | None = None,
+    policy_factory: PolicyFactory | None = None,
     on_prediction: PredictionHook | None = None,
     compute: bool = True,
 ) -> dict:
     """Compute every missing prediction, then write the report (see `eval.report.write_report`).
 
+    Methods run grouped by their policy settings (agent variants may name their own): each distinct policy is
+    loaded once, before its first method with missing predictions, and released after its last one.
+
     Args:
         cfg: the eval config.
-        policy: the policy to use instead of building `cfg.policy` (tests pass a fake).
+        policy: the policy of every method that runs with the config's own `policy` settings (tests pass a fake).
         kbs: KBs (by display name) instead of loading `cfg.kb_config`.
-        checkpoint_policies: policies of the checkpoint methods instead of loading `cfg.checkpoints`.
+        policy_factory: builds the other policies from their settings (default: `make_policy`).
         on_prediction: called with each record after it is cached.
         compute: False writes the report from the cache alone (missing predictions are left out).
 
@@ -107,6 +138,7 @@ def run_eval(
         prepare_corpora(cfg.prepare_corpora, cfg.path("shared_data"), cfg.path("corpora_dir"))
     # datasets first: a malformed file fails before the (slow) KB build
     loaded: list[LoadedDataset] = [load_dataset(spec, cfg.path("shared_data")) for spec in cfg.dataset_specs()]
+    variants = list(cfg.variants())
     if kbs is None:
         from agent.kbs import load_knowledge_bases
 
@@ -117,50 +149,98 @@ def run_eval(
         else:  # the report needs only the KB names: no index is built or loaded
             from retrievers.config import load_kb_configs
 
-            kbs = {c.display_name: KnowledgeBase(c.name, c.display_name, None, c.k)  # type: ignore[arg-type]
-                   for c in load_kb_configs(cfg.path("kb_config"))}
+            kbs = {
+                c.display_name: KnowledgeBase(c.name, c.display_name, None, c.k)  # type: ignore[arg-type]
+                for c in load_kb_configs(cfg.path("kb_config"))
+            }
     kb_names = [kb.name for kb in kbs.values()]
-    methods = resolve_methods(cfg.methods, kb_names, list(cfg.checkpoints))
-    table = available_methods(kb_names, list(cfg.checkpoints))
+    methods = resolve_methods(cfg.methods, kb_names, variants)
+    table = available_methods(kb_names, variants)
     cache_path = out_dir / CACHE_FILE
     cache = read_cache(cache_path)
-    policies: dict[str, Policy] = dict(checkpoint_policies or {})
-    if policy is not None:
-        policies["_main"] = policy
+    build = policy_factory or make_policy
+    default_key = cfg.policy_key("")
 
-    def policy_for(method: str) -> Policy:
-        key = method if method in cfg.checkpoints else "_main"
-        if key not in policies:
-            ckpt = cfg.checkpoints.get(method)
-            # a bare path inherits the `policy` settings; `${VAR}` in it is expanded
-            settings = {**cfg.policy, "model": os.path.expandvars(ckpt)} if isinstance(ckpt, str) else ckpt
-            policies[key] = make_policy(settings if key == method else cfg.policy,
-                                         f"checkpoints.{method}" if key == method else "policy")
-        return policies[key]
+    def missing_of(method: str) -> list[tuple[str, Question]]:
+        fingerprint = cfg.fingerprint(method)
+        out = []
+        for ds in loaded:
+            for q in ds.questions:
+                rec = cache.get(cache_key(ds.spec.name, method, q.id), {})
+                # the question's wording is checked too: a loader that rewords a question invalidates its predictions
+                if rec.get("fingerprint") != fingerprint or rec["trajectory"].get("question") != q.question:
+                    out.append((ds.spec.name, q))
+        return out
 
+    # what each policy group has to compute; a missing checkpoint fails here, before the first method runs
+    plan = [
+        (group, todo)
+        for group in (run_order(cfg, methods) if compute else [])
+        if (todo := [(m, missing) for m in group if (missing := missing_of(m))])
+    ]
+    for group, _ in plan:
+        if policy is None or cfg.policy_key(group[0]) != default_key:
+            check_policy_paths(cfg.policy_settings(group[0]), _where(cfg, group[0], default_key))
     computed = 0
     with JsonlWriter(cache_path) as writer:
-        for method in methods:
-            fingerprint = cfg.fingerprint(method)
+        for group, todo in plan:
             # all datasets' missing questions of a method go through it together, in lockstep batches
-            missing = [(ds.spec.name, q) for ds in loaded for q in ds.questions
-                       if cache.get(cache_key(ds.spec.name, method, q.id), {}).get("fingerprint") != fingerprint]
-            if not missing or not compute:
-                continue
-            logger.info("%s: %d questions to run", method, len(missing))
-            ctx = MethodContext(policy_for(method), kbs, cfg.agent_config(), cfg.seed, cfg.k_per_kb)
-            for start in range(0, len(missing), cfg.batch_size):
-                batch = missing[start : start + cfg.batch_size]
-                t0 = time.perf_counter()
-                results = run_questions(table[method], [q for _, q in batch], ctx)
-                latency = (time.perf_counter() - t0) / len(batch)  # lockstep: the batch's wall time, amortised
-                for (dataset, q), (traj, error) in zip(batch, results, strict=True):
-                    record = {"dataset": dataset, "method": method, "qid": q.id, "fingerprint": fingerprint,
-                              "latency_s": latency, "error": error, "trajectory": traj.to_dict()}
-                    writer.write(record)
-                    cache[cache_key(dataset, method, q.id)] = record
-                    computed += 1
-                    if on_prediction is not None:
-                        on_prediction(record)
+            if policy is not None and cfg.policy_key(group[0]) == default_key:
+                current = policy
+            else:
+                settings = cfg.policy_settings(group[0])
+                logger.info("loading the policy of %s: %s", ", ".join(m for m, _ in todo), settings)
+                current = build(settings, _where(cfg, group[0], default_key))
+            for method, missing in todo:
+                fingerprint = cfg.fingerprint(method)
+                logger.info("%s: %d questions to run", method, len(missing))
+                ctx = MethodContext(current, kbs, cfg.agent_config(method), cfg.seed, cfg.k_per_kb)
+                for start in range(0, len(missing), cfg.batch_size):
+                    batch = missing[start : start + cfg.batch_size]
+                    t0 = time.perf_counter()
+                    results = run_questions(table[method], [q for _, q in batch], ctx)
+                    latency = (time.perf_counter() - t0) / len(batch)  # lockstep: the batch's wall time, amortised
+                    for (dataset, q), (traj, error) in zip(batch, results, strict=True):
+                        record = {
+                            "dataset": dataset,
+                            "method": method,
+                            "qid": q.id,
+                            "fingerprint": fingerprint,
+                            "latency_s": latency,
+                            "error": error,
+                            "trajectory": traj.to_dict(),
+                        }
+                        writer.write(record)
+                        cache[cache_key(dataset, method, q.id)] = record
+                        computed += 1
+                        if on_prediction is not None:
+                            on_prediction(record)
+            del ctx, current  # this group's policy is not needed again: free it before the next one loads
+            release_policy()
     logger.info("computed %d predictions (%d cached)", computed, len(cache) - computed)
     return write_report(cfg, loaded, methods, cache, kb_names, out_dir, computed=computed)
+
+
+def _where(cfg: EvalConfig, method: str, default_key: str) -> str:
+    if cfg.policy_key(method) == default_key:
+        return "policy"
+    return f"checkpoints.{method}" if method in cfg.checkpoints else f"agent_variants.{method}.policy"
+
+
+def check_policy_paths(settings: dict, where: str) -> None:
+    """A policy's adapter (given, or brought by a model alias such as `smollm2-kbrouter`) is a local folder: a missing
+    one fails before any policy loads, with the fix.
+
+    Raises:
+        FileNotFoundError: the adapter folder does not exist.
+    """
+    from eval.config import resolved_adapter
+
+    given, adapter = settings.get("adapter"), resolved_adapter(settings)
+    if adapter and not Path(adapter).exists():
+        what = f"adapter {adapter!r}" + ("" if given else f" of model {settings.get('model')!r}")
+        raise FileNotFoundError(
+            f"{where}.adapter: {what} does not exist (relative paths are tried against the YAML's "
+            "folder, then the working directory); train it first, or leave the method out with "
+            "--methods"
+        )

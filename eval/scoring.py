@@ -4,6 +4,22 @@ Answer metrics come from `eval.metrics` (shared with the rewards): `f1_recall` (
 recall of the best-F1 gold), `exact_match`, `token_f1`. `acc` is yes/no accuracy on yes/no questions and, as the
 paper's final-answer reward, "F1-recall == 1" on the others. Keys use slash namespaces (`answer/f1_recall`,
 `retrieval/recall@k`, `routing/accuracy`, `cost/steps`).
+
+Two figures are pooled over steps rather than averaged over questions: per question, `count/*` keys hold the
+numerator and denominator, and `mean_scores` divides their sums (see `RATIOS`):
+
+- `format/valid_step_rate`: of the tagged outputs the policy generated, the share whose recorded parse has no format
+  error (`agent.protocol`: a missing/empty required tag, an unknown KB, a KB with a `None` sub-question). For the
+  step-protocol methods (the agent and its variants) the outputs are every plan (each `Step`: its `format_errors` when
+  it retrieved nothing, else it parsed), every intermediate answer (each `Step` with a KB: its `format_errors`) and
+  the final answer (`metadata.final_errors`, when a final was generated). For the other methods their tagged answer
+  (`final_errors`) counts, and the router's `<ret>` reply (`metadata.route`: valid unless `format_error`); IRCoT's
+  free-form reasoning sentences do not. With re-asks (`max_retries > 0`) a step's recorded parse is its last
+  attempt's. Backend errors are not outputs.
+- `routing/step_accuracy` and `routing/accuracy@step<i>`: of the retrieval steps (at step i), the share sent to the
+  question's gold KB; only questions whose gold KB is configured, only methods that choose a KB. A plan that stopped
+  or was malformed is no retrieval step (the routing-per-step plot shows those as `none` / `format_error`).
+  `routing/accuracy` stays per question (a question never looked up scores 0).
 """
 
 from __future__ import annotations
@@ -19,6 +35,12 @@ from retrievers.types import Hit
 ANSWER_KEYS = ("answer/f1_recall", "answer/em", "answer/token_f1", "answer/acc")
 COST_KEYS = ("cost/steps", "cost/searches", "cost/gen_tokens", "cost/latency_s")
 ALL_KEYS = (*ANSWER_KEYS, "retrieval/recall@k", "routing/accuracy", *COST_KEYS, "run/error")
+COUNT_PREFIX = "count/"
+# pooled ratio -> (numerator count, denominator count); `@step<i>` variants follow the same pattern
+RATIOS = {
+    "format/valid_step_rate": ("count/valid_outputs", "count/outputs"),
+    "routing/step_accuracy": ("count/routes_to_gold", "count/routes"),
+}
 _SPAN = re.compile(r"^(?P<vid>.+)@(?P<start>[0-9.]+)-(?P<end>[0-9.]+)$")
 
 
@@ -39,8 +61,12 @@ def answer_scores(prediction: str, golds: Sequence[str], answer_type: str = "ope
         acc = float(yes_no(prediction) == normalize_answer(golds[0]))
     else:
         acc = float(recall == 1.0)
-    return {"answer/f1_recall": recall, "answer/em": exact_match(prediction, golds),
-            "answer/token_f1": token_f1(prediction, golds), "answer/acc": acc}
+    return {
+        "answer/f1_recall": recall,
+        "answer/em": exact_match(prediction, golds),
+        "answer/token_f1": token_f1(prediction, golds),
+        "answer/acc": acc,
+    }
 
 
 def evidence_matches(hit: Hit, gold: str) -> bool:
@@ -73,7 +99,40 @@ def routing_accuracy(traj: Trajectory, gold_kb: str) -> float:
     return sum(kb == gold_kb for kb in kbs) / len(kbs) if kbs else 0.0
 
 
-def score_prediction(record: dict, kb_names: Sequence[str], routes: bool, retrieves: bool) -> dict[str, float]:
+def output_validity(traj: Trajectory, step_protocol: bool) -> tuple[int, int]:
+    """`(valid, generated)` tagged outputs of a trajectory (see the module docstring for what counts)."""
+    outputs: list[bool] = []
+    if step_protocol:
+        for s in traj.steps:
+            if s.kb is None:
+                outputs.append(not s.format_errors)  # a plan that stopped (valid) or was malformed
+            else:
+                outputs += [True, not s.format_errors]  # it retrieved, so its plan parsed; then its answer
+    if "route" in traj.metadata:  # the one-shot router's <ret> reply
+        outputs.append(traj.metadata["route"] != "format_error")
+    final_errors = list(traj.metadata.get("final_errors") or [])
+    if traj.final_raw and "backend_error" not in final_errors:
+        outputs.append(not final_errors)
+    return sum(outputs), len(outputs)
+
+
+def route_counts(traj: Trajectory, gold_kb: str) -> dict[str, float]:
+    """`count/routes[@step<i>]` and `count/routes_to_gold[@step<i>]` over the trajectory's retrieval steps."""
+    out: dict[str, float] = {"count/routes": 0.0, "count/routes_to_gold": 0.0}
+    for s in traj.steps:
+        if s.kb is None:
+            continue
+        at = f"@step{s.index + 1}"
+        for key in ("count/routes", f"count/routes{at}"):
+            out[key] = out.get(key, 0.0) + 1
+        for key in ("count/routes_to_gold", f"count/routes_to_gold{at}"):
+            out[key] = out.get(key, 0.0) + float(s.kb == gold_kb)
+    return out
+
+
+def score_prediction(
+    record: dict, kb_names: Sequence[str], routes: bool, retrieves: bool, step_protocol: bool = False
+) -> dict[str, float]:
     """All per-question figures of one cached prediction record (see `eval.runner`).
 
     Args:
@@ -81,6 +140,7 @@ def score_prediction(record: dict, kb_names: Sequence[str], routes: bool, retrie
         kb_names: names of the configured KBs (routing accuracy needs the gold KB among them).
         routes: the method chooses KBs (routing accuracy is reported).
         retrieves: the method can retrieve (recall@k is reported).
+        step_protocol: the trajectory's steps are agent plan/answer steps (their outputs count for validity).
     """
     traj = Trajectory.from_dict(record["trajectory"])
     meta = traj.metadata
@@ -94,6 +154,9 @@ def score_prediction(record: dict, kb_names: Sequence[str], routes: bool, retrie
     gold_kb = meta.get("gold_kb") or ""
     if routes and gold_kb in kb_names:
         scores["routing/accuracy"] = routing_accuracy(traj, gold_kb)
+        scores.update(route_counts(traj, gold_kb))
+    valid, generated = output_validity(traj, step_protocol)
+    scores["count/valid_outputs"], scores["count/outputs"] = float(valid), float(generated)
     scores["cost/steps"] = float(sum(1 for s in traj.steps if s.kb is not None))
     scores["cost/searches"] = float(meta.get("searches", scores["cost/steps"]))
     scores["cost/gen_tokens"] = float(meta.get("completion_tokens", 0))
@@ -101,20 +164,35 @@ def score_prediction(record: dict, kb_names: Sequence[str], routes: bool, retrie
     return scores
 
 
+def step_numbers(keys: Iterable[str], prefix: str) -> list[int]:
+    """The `<i>` of every `<prefix><i>` key, sorted (`routing/accuracy@step` -> [1, 2, 3])."""
+    return sorted({int(k[len(prefix) :]) for k in keys if k.startswith(prefix) and k[len(prefix) :].isdigit()})
+
+
 def mean_scores(rows: Sequence[dict[str, float]]) -> dict[str, float]:
-    """Mean of each key over the rows that have it (a key absent everywhere is absent)."""
+    """Mean of each key over the rows that have it (a key absent everywhere is absent); the pooled ratios of
+    `RATIOS` (and `routing/accuracy@step<i>`) are sums of their counts divided, absent when no row counts any."""
     out: dict[str, float] = {"n": float(len(rows))}
     for key in ALL_KEYS:
         vals = [r[key] for r in rows if key in r and not math.isnan(r[key])]
         if vals:
             out[key] = sum(vals) / len(vals)
+    ratios = dict(RATIOS)
+    for i in step_numbers({k for r in rows for k in r}, "count/routes@step"):
+        ratios[f"routing/accuracy@step{i}"] = (f"count/routes_to_gold@step{i}", f"count/routes@step{i}")
+    for ratio, (num, den) in ratios.items():
+        total = sum(r.get(den, 0.0) for r in rows)
+        if total > 0:
+            out[ratio] = sum(r.get(num, 0.0) for r in rows) / total
     return out
 
 
 def macro_average(per_dataset: dict[str, dict[str, float]]) -> dict[str, float]:
-    """Unweighted mean over datasets of each key (datasets lacking a key are left out of that key's mean)."""
+    """Unweighted mean over datasets (or groups) of each key (those lacking a key are left out of its mean)."""
     out: dict[str, float] = {"datasets": float(len(per_dataset))}
-    for key in ALL_KEYS:
+    present = {k for d in per_dataset.values() for k in d}
+    steps = [f"routing/accuracy@step{i}" for i in step_numbers(present, "routing/accuracy@step")]
+    for key in [*ALL_KEYS, *RATIOS, *steps]:
         vals = [d[key] for d in per_dataset.values() if key in d]
         if vals:
             out[key] = sum(vals) / len(vals)

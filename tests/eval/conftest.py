@@ -74,8 +74,13 @@ class FakePolicy:
         for conv in conversations:
             self.seen.append(json.dumps(conv[-1]["content"]))
             text = self._reply(conv)
-            out.append(Completion(text=text, prompt_tokens=sum(len(str(m["content"]).split()) for m in conv),
-                                  completion_tokens=len(text.split())))
+            out.append(
+                Completion(
+                    text=text,
+                    prompt_tokens=sum(len(str(m["content"]).split()) for m in conv),
+                    completion_tokens=len(text.split()),
+                )
+            )
         return out
 
 
@@ -88,14 +93,34 @@ def fake_kbs() -> dict[str, KnowledgeBase]:
 
 
 QUESTIONS = [
-    {"id": "q1", "question": "What is the capital of France?", "answers": ["Paris"], "gold_kb": "wiki",
-     "gold_evidence": ["p1"]},
-    {"id": "q2", "question": "What is the capital of Germany?", "answers": ["Berlin"], "gold_kb": "wiki",
-     "gold_evidence": ["p2"]},
-    {"id": "q3", "question": "How many gold medal did norway win?", "answers": ["16"], "gold_kb": "tables",
-     "gold_evidence": ["t1"]},
-    {"id": "q4", "question": "Is Rome the capital of Italy?", "answers": ["yes"], "gold_kb": "wiki",
-     "gold_evidence": ["p3"]},
+    {
+        "id": "q1",
+        "question": "What is the capital of France?",
+        "answers": ["Paris"],
+        "gold_kb": "wiki",
+        "gold_evidence": ["p1"],
+    },
+    {
+        "id": "q2",
+        "question": "What is the capital of Germany?",
+        "answers": ["Berlin"],
+        "gold_kb": "wiki",
+        "gold_evidence": ["p2"],
+    },
+    {
+        "id": "q3",
+        "question": "How many gold medal did norway win?",
+        "answers": ["16"],
+        "gold_kb": "tables",
+        "gold_evidence": ["t1"],
+    },
+    {
+        "id": "q4",
+        "question": "Is Rome the capital of Italy?",
+        "answers": ["yes"],
+        "gold_kb": "wiki",
+        "gold_evidence": ["p3"],
+    },
 ]
 
 
@@ -110,9 +135,15 @@ def eval_yaml(tmp_path: Path, questions: Path, methods: list[str], out: str = "o
     """An eval config over the fake KBs (the runner gets them directly) and one JSONL question file."""
     import yaml
 
-    data = {"name": "fake", "output_dir": str(tmp_path / out), "methods": methods, "batch_size": 3,
-            "agent": {"max_steps": 2, "max_retries": 0},
-            "datasets": [{"name": "toy", "loader": "jsonl", "path": str(questions), "sample_seed": None}], **extra}
+    data = {
+        "name": "fake",
+        "output_dir": str(tmp_path / out),
+        "methods": methods,
+        "batch_size": 3,
+        "agent": {"max_steps": 2, "max_retries": 0},
+        "datasets": [{"name": "toy", "loader": "jsonl", "path": str(questions), "sample_seed": None}],
+        **extra,
+    }
     path = tmp_path / f"{out}.yaml"
     path.write_text(yaml.safe_dump(data))
     return path

@@ -19,7 +19,9 @@ def _write(path: Path, lines: list[str]) -> Path:
 
 
 def test_malformed_line_is_named(tmp_path: Path) -> None:
-    path = _write(tmp_path / "q.jsonl", ['{"id": "a", "question": "q?", "answers": ["x"]}', "", '{"id": "b", "question'])
+    path = _write(
+        tmp_path / "q.jsonl", ['{"id": "a", "question": "q?", "answers": ["x"]}', "", '{"id": "b", "question']
+    )
     with pytest.raises(ValueError, match=rf"{path}:3: not valid JSON"):
         load_dataset(DatasetSpec(name="t", loader="jsonl", path=str(path)))
 
@@ -37,18 +39,33 @@ def test_bad_rows(tmp_path: Path, line: str, message: str) -> None:
 
 
 def test_generic_jsonl_with_column_mapping(tmp_path: Path) -> None:
-    rows = [{"qid": f"n{i}", "query": f"question {i}?", "gold": f"ans{i}" if i % 2 else ["yes"], "kb": "wiki",
-             "support": [f"d{i}"]} for i in range(6)]
+    rows = [
+        {
+            "qid": f"n{i}",
+            "query": f"question {i}?",
+            "gold": f"ans{i}" if i % 2 else ["yes"],
+            "kb": "wiki",
+            "support": [f"d{i}"],
+        }
+        for i in range(6)
+    ]
     path = _write(tmp_path / "q.jsonl", [json.dumps(r) for r in rows])
-    spec = DatasetSpec(name="mine", loader="jsonl", path=str(path), limit=4, sample_seed=1,
-                       columns={"id": "qid", "question": "query", "answers": "gold", "gold_kb": "kb",
-                                "gold_evidence": "support"})
+    spec = DatasetSpec(
+        name="mine",
+        loader="jsonl",
+        path=str(path),
+        limit=4,
+        sample_seed=1,
+        columns={"id": "qid", "question": "query", "answers": "gold", "gold_kb": "kb", "gold_evidence": "support"},
+    )
     ds = load_dataset(spec)
     assert len(ds.questions) == 4 and ds.group == "custom" and not ds.skipped
     by_id = {q.id: q for q in ds.questions}
     q = next(iter(by_id.values()))
     n = int(q.id[1:])
-    assert q.question == f"question {n}?" and q.metadata["gold_evidence"] == [f"d{n}"] and q.metadata["gold_kb"] == "wiki"
+    assert (
+        q.question == f"question {n}?" and q.metadata["gold_evidence"] == [f"d{n}"] and q.metadata["gold_kb"] == "wiki"
+    )
     assert q.answers == ((f"ans{n}",) if n % 2 else ("yes",))  # a bare string gold becomes a one-element list
     assert q.metadata["answer_type"] == ("open" if n % 2 else "yesno")
     # the seeded subset is stable across loads, and differs from the file order

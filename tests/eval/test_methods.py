@@ -34,8 +34,9 @@ def ctx(fake_kbs) -> MethodContext:
         ("agent", "wiki", 2, "Paris"),  # one search, then a None plan (the stop step)
     ],
 )
-def test_methods_on_fake_parts(ctx: MethodContext, method: str, first_kb: str | None, steps: int,
-                               answer_q1: str) -> None:
+def test_methods_on_fake_parts(
+    ctx: MethodContext, method: str, first_kb: str | None, steps: int, answer_q1: str
+) -> None:
     trajs = available_methods(["wiki", "tables"])[method](QS, ctx)
     assert [t.id for t in trajs] == [q.id for q in QS]  # one per question, in order
     t = trajs[0]
@@ -63,18 +64,24 @@ def test_random_routing_is_seeded_and_keeps_none(fake_kbs) -> None:
     wrapped = RandomRoutePolicy(FakePolicy(), names, seed=3)
     from agent.backends.base import SamplingParams
 
-    conv = [{"role": "system", "content": "Knowledge bases you can search"},
-            {"role": "user", "content": "Original question: what?\nWhat is the next step?"}]
+    conv = [
+        {"role": "system", "content": "Knowledge bases you can search"},
+        {"role": "user", "content": "Original question: what?\nWhat is the next step?"},
+    ]
     params = SamplingParams(max_new_tokens=8, stop=("</ret>",))
     first = wrapped.generate([conv], params)[0]
     assert first.text == wrapped.generate([conv], params)[0].text  # same conversation, same draw
     assert any(f"<ret>{n}</ret>" in first.text for n in names)
-    stop = [{"role": "system", "content": "Knowledge bases you can search"},
-            {"role": "user", "content": "Original question: what?\nSub-question 1: a\nAnswer 1: b\n"}]
+    stop = [
+        {"role": "system", "content": "Knowledge bases you can search"},
+        {"role": "user", "content": "Original question: what?\nSub-question 1: a\nAnswer 1: b\n"},
+    ]
     assert "<ret>None</ret>" in wrapped.generate([stop], params)[0].text  # the stop decision is untouched
     # over many questions, both KBs get drawn
-    drawn = {wrapped.generate([[conv[0], {"role": "user", "content": f"Original question: q{i}"}]], params)[0].text
-             for i in range(20)}
+    drawn = {
+        wrapped.generate([[conv[0], {"role": "user", "content": f"Original question: q{i}"}]], params)[0].text
+        for i in range(20)
+    }
     assert all(any(f"<ret>{n}</ret>" in t for t in drawn) for n in names)
 
 
@@ -94,6 +101,6 @@ def test_parse_route(text: str, expected: str | None) -> None:
 
 def test_resolve_methods() -> None:
     assert resolve_methods(["single_kb", "agent", "agent"], ["wiki", "tables"]) == ["rag_wiki", "rag_tables", "agent"]
-    assert resolve_methods(["agent_sft"], ["wiki"], checkpoints=["agent_sft"]) == ["agent_sft"]
+    assert resolve_methods(["agent_sft"], ["wiki"], variants=["agent_sft"]) == ["agent_sft"]
     with pytest.raises(ValueError, match=r"unknown method 'rag_images'; valid methods: .*rag_wiki.*single_kb"):
         resolve_methods(["rag_images"], ["wiki"])

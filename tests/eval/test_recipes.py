@@ -30,9 +30,24 @@ def test_cpu_recipe_end_to_end_on_real_parts(tmp_path: Path) -> None:
     from eval.cli import main
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    code = main(["--config", str(ROOT / "configs" / "eval" / "smollm2_cpu.yaml"), "--output_dir", str(tmp_path),
-                 "--datasets", "hotpotqa", "tabfact", "--limit", "2", "--methods", "no_retrieval", "rag_wiki", "agent",
-                 "--quiet"])
+    code = main(
+        [
+            "--config",
+            str(ROOT / "configs" / "eval" / "smollm2_cpu.yaml"),
+            "--output_dir",
+            str(tmp_path),
+            "--datasets",
+            "hotpotqa",
+            "tabfact",
+            "--limit",
+            "2",
+            "--methods",
+            "no_retrieval",
+            "rag_wiki",
+            "agent",
+            "--quiet",
+        ]
+    )
     assert code == 0
     results = json.loads((tmp_path / "results.json").read_text())
     assert set(results["per_dataset"]) == {"hotpotqa", "tabfact"}

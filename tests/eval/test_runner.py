@@ -64,8 +64,9 @@ def test_resume_after_interruption_computes_only_missing(tmp_path: Path, questio
 
     # same report as the uninterrupted run
     assert _without_latency(results) | {"config": None} == _without_latency(ref) | {"config": None}
-    assert _report_without_latency(Path(cfg.output_dir) / "report.md") == \
-        _report_without_latency(Path(ref_cfg.output_dir) / "report.md")
+    assert _report_without_latency(Path(cfg.output_dir) / "report.md") == _report_without_latency(
+        Path(ref_cfg.output_dir) / "report.md"
+    )
     # and a third run has nothing left to compute
     third: list[dict] = []
     run_eval(cfg, policy=FakePolicy(), kbs=fake_kbs, on_prediction=third.append)
@@ -73,19 +74,31 @@ def test_resume_after_interruption_computes_only_missing(tmp_path: Path, questio
 
 
 def test_extending_a_run_computes_only_the_new_method(tmp_path: Path, questions_file: Path, fake_kbs) -> None:
-    run_eval(load_eval_config(eval_yaml(tmp_path, questions_file, ["no_retrieval"])), policy=FakePolicy(), kbs=fake_kbs)
+    run_eval(
+        load_eval_config(eval_yaml(tmp_path, questions_file, ["no_retrieval"])), policy=FakePolicy(), kbs=fake_kbs
+    )
     computed: list[dict] = []
-    results = run_eval(load_eval_config(eval_yaml(tmp_path, questions_file, ["no_retrieval", "agent"])),
-                       policy=FakePolicy(), kbs=fake_kbs, on_prediction=computed.append)
+    results = run_eval(
+        load_eval_config(eval_yaml(tmp_path, questions_file, ["no_retrieval", "agent"])),
+        policy=FakePolicy(),
+        kbs=fake_kbs,
+        on_prediction=computed.append,
+    )
     assert {r["method"] for r in computed} == {"agent"} and len(computed) == len(QUESTIONS)
     assert set(results["macro"]) == {"no_retrieval", "agent"}
     # report only: a method never run is listed with no figures, and nothing is computed
     computed.clear()
-    only = run_eval(load_eval_config(eval_yaml(tmp_path, questions_file, ["agent", "router"])), policy=FakePolicy(),
-                    kbs=fake_kbs, on_prediction=computed.append, compute=False)
+    only = run_eval(
+        load_eval_config(eval_yaml(tmp_path, questions_file, ["agent", "router"])),
+        policy=FakePolicy(),
+        kbs=fake_kbs,
+        on_prediction=computed.append,
+        compute=False,
+    )
     assert computed == [] and only["per_dataset"]["toy"]["router"] == {"n": 0.0}
     assert only["per_dataset"]["toy"]["agent"] == results["per_dataset"]["toy"]["agent"] | {
-        "cost/latency_s": only["per_dataset"]["toy"]["agent"]["cost/latency_s"]}
+        "cost/latency_s": only["per_dataset"]["toy"]["agent"]["cost/latency_s"]
+    }
     # changed settings make the cached predictions stale: they are recomputed
     cfg = load_eval_config(eval_yaml(tmp_path, questions_file, ["no_retrieval"]), ["agent.max_steps=1"])
     computed.clear()
@@ -97,8 +110,9 @@ def test_a_failing_question_is_recorded_and_the_run_continues(tmp_path: Path, fa
     rows = [*QUESTIONS, {"id": "bad", "question": "EXPLODE now", "answers": ["x"]}]
     path = tmp_path / "q.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    results = run_eval(load_eval_config(eval_yaml(tmp_path, path, ["rag_all", "agent"])), policy=FakePolicy(),
-                       kbs=fake_kbs)
+    results = run_eval(
+        load_eval_config(eval_yaml(tmp_path, path, ["rag_all", "agent"])), policy=FakePolicy(), kbs=fake_kbs
+    )
     preds = [json.loads(line) for line in (tmp_path / "out" / "predictions.jsonl").read_text().splitlines()]
     errors = {(p["method"], p["qid"]): p["error"] for p in preds}
     assert "injected failure" in errors[("rag_all", "bad")] and "injected failure" in errors[("agent", "bad")]
@@ -114,8 +128,14 @@ def test_report_files_and_tables(tmp_path: Path, questions_file: Path, fake_kbs)
     cfg = load_eval_config(eval_yaml(tmp_path, questions_file, METHODS))
     results = run_eval(cfg, policy=FakePolicy(), kbs=fake_kbs)
     out = Path(cfg.output_dir)
-    for name in ("report.md", "results.json", "predictions.jsonl", "routing_by_step.png",
-                 "steps_per_question.png", "accuracy_vs_retrievals.png"):
+    for name in (
+        "report.md",
+        "results.json",
+        "predictions.jsonl",
+        "routing_by_step.png",
+        "steps_per_question.png",
+        "accuracy_vs_retrievals.png",
+    ):
         assert (out / name).stat().st_size > 0, name
     report = (out / "report.md").read_text()
     assert "## Main table" in report and "## custom" in report and "**" in report

@@ -25,10 +25,19 @@ INFOSEEK_RANGE = [{"wikidata": 6.75, "range": [6.5, 7.0]}]  # a real InfoSeek nu
     ("prediction", "golds", "answer_type", "expected"),
     [
         # exact answer: every metric is 1
-        ("Paris", ["Paris"], "open", {"answer/f1_recall": 1.0, "answer/em": 1.0, "answer/token_f1": 1.0, "answer/acc": 1.0}),
+        (
+            "Paris",
+            ["Paris"],
+            "open",
+            {"answer/f1_recall": 1.0, "answer/em": 1.0, "answer/token_f1": 1.0, "answer/acc": 1.0},
+        ),
         # verbose answer: F1-recall (recall) stays 1, EM drops to 0, token F1 = 2*(1/4*1)/(1/4+1) = 0.4
-        ("it is in Paris", ["Paris"], "open", {"answer/f1_recall": 1.0, "answer/em": 0.0, "answer/token_f1": 0.4,
-                                               "answer/acc": 1.0}),
+        (
+            "it is in Paris",
+            ["Paris"],
+            "open",
+            {"answer/f1_recall": 1.0, "answer/em": 0.0, "answer/token_f1": 0.4, "answer/acc": 1.0},
+        ),
         # multi-gold rule: the gold with the best F1 wins and ITS recall is reported. vs "paris": P=.5 R=1 F1=.667;
         # vs "france paris city": P=1 R=2/3 F1=.8 -> the second wins, so F1-recall is 2/3 (not the max recall 1)
         ("paris france", ["paris", "france paris city"], "open", {"answer/f1_recall": 2 / 3, "answer/acc": 0.0}),
@@ -105,8 +114,10 @@ def test_evidence_recall_counts_each_gold_once() -> None:
 
 
 def _traj(kbs: list[str | None], answer: str = "Paris", **meta: object) -> Trajectory:
-    steps = tuple(Step(index=i, sub_question=None if kb is None else "q", kb=kb,
-                       hits=() if kb is None else (_hit(f"{kb}-doc"),)) for i, kb in enumerate(kbs))
+    steps = tuple(
+        Step(index=i, sub_question=None if kb is None else "q", kb=kb, hits=() if kb is None else (_hit(f"{kb}-doc"),))
+        for i, kb in enumerate(kbs)
+    )
     return Trajectory(id="q", question="Q?", steps=steps, final_answer=answer, gold=("Paris",), metadata=meta)
 
 
@@ -123,8 +134,13 @@ def test_routing_accuracy(kbs: list[str | None], expected: float) -> None:
 
 
 def test_score_prediction_and_aggregation() -> None:
-    rec = {"trajectory": _traj(["wiki", "tables"], gold_kb="wiki", gold_evidence=["wiki-doc", "zzz"],
-                               completion_tokens=12, searches=2).to_dict(), "latency_s": 0.5, "error": ""}
+    rec = {
+        "trajectory": _traj(
+            ["wiki", "tables"], gold_kb="wiki", gold_evidence=["wiki-doc", "zzz"], completion_tokens=12, searches=2
+        ).to_dict(),
+        "latency_s": 0.5,
+        "error": "",
+    }
     s = score_prediction(rec, ["wiki", "tables"], routes=True, retrieves=True)
     assert s["retrieval/recall@k"] == 0.5 and s["routing/accuracy"] == 0.5
     assert s["cost/steps"] == 2 and s["cost/searches"] == 2 and s["cost/gen_tokens"] == 12
