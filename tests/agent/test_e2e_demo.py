@@ -38,3 +38,17 @@ def test_run_smollm2_over_demo_kb_writes_valid_trajectories(tmp_path, smollm2_di
     assert run_main(["--kb", str(DEMO_KB), "--questions", str(DEMO_QUESTIONS), "--out", str(out), "--limit", "7",
                      "--model", smollm2_dir]) == 0
     assert len(out.read_text().splitlines()) == 7
+
+
+def test_demo_on_the_default_router_never_ends_in_a_format_error(tmp_path):
+    """`kbrouter demo` as a new user runs it: the shipped router, constrained decoding, every demo question."""
+    from agent.cli import demo_main
+
+    out = tmp_path / "demo.jsonl"
+    assert demo_main(["--out", str(out)]) == 0
+    trajs = [Trajectory.from_dict(json.loads(line)) for line in out.read_text().splitlines()]
+    assert len(trajs) == len(Path(DEMO_QUESTIONS).read_text().splitlines())
+    assert {t.stop_reason for t in trajs} <= {"answered", "max_steps"}, [t.stop_reason for t in trajs]
+    assert all(not s.format_errors for t in trajs for s in t.steps)
+    assert all(t.metadata["model"] == "smollm2-kbrouter" and t.metadata["render"]["constrained"] for t in trajs)
+    assert any(s.kb for t in trajs for s in t.steps), "the router retrieved nothing"
