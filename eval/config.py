@@ -55,6 +55,12 @@ class EvalConfig:
             "help": "Named step-agent methods: name -> {policy: {...}, agent: {...}} merged onto `policy` / `agent`."
         },
     )
+    method_settings: dict = field(
+        default_factory=dict,
+        metadata={
+            "help": "AgentConfig overrides of built-in methods, merged onto `agent`: e.g. `ircot: {max_steps: 1}`."
+        },
+    )
     k_per_kb: int = field(default=2, metadata={"help": "Hits per KB for rag_all / ircot / iter_retgen."})
     methods: list = field(
         default_factory=lambda: [
@@ -108,6 +114,18 @@ class EvalConfig:
             _check_agent_keys(variant.get("agent", {}), f"{where}.agent")
             self._agent(name, where)
         self._agent("", "`agent`")
+        for name, overrides in self.method_settings.items():
+            where = f"method_settings.{name}"
+            if name in self.variants():
+                raise ValueError(
+                    f"{where}: {name!r} is an agent variant; set its loop settings in its `agent:` mapping"
+                )
+            if not reserved_method_name(name) or name == "single_kb":
+                raise ValueError(f"{where}: {name!r} is not a built-in method (e.g. ircot, rag_all, rag_<kb>, router)")
+            if not isinstance(overrides, dict):
+                raise ValueError(f"{where}: expected a mapping of `agent` overrides, got {overrides!r}")
+            _check_agent_keys(overrides, where)
+            self._agent(name, where)
         unknown = set(self.dataset_defaults) - set(SPEC_KEYS)
         if unknown:
             raise ValueError(f"`dataset_defaults` has unknown key(s) {sorted(unknown)}; valid: {SPEC_KEYS}")
@@ -140,20 +158,21 @@ class EvalConfig:
         return settings
 
     def agent_config(self, method: str = "") -> AgentConfig:
-        """The loop settings a method runs with: `agent`, with the variant's `agent` overrides merged on top."""
-        where = (
-            "`agent`"
-            if method not in self.variants()
-            else f"checkpoints.{method}"
-            if method in self.checkpoints
-            else f"agent_variants.{method}"
-        )
+        """The loop settings a method runs with: `agent`, with the method's `method_settings` or the variant's
+        `agent` overrides merged on top."""
+        if method in self.checkpoints:
+            where = f"checkpoints.{method}"
+        elif method in self.agent_variants:
+            where = f"agent_variants.{method}"
+        else:
+            where = f"method_settings.{method}" if method in self.method_settings else "`agent`"
         return self._agent(method, where)
 
     def _agent(self, method: str, where: str) -> AgentConfig:
         variant = self.variants().get(method) or {}
         try:
-            return AgentConfig(**{"seed": self.seed, **self.agent, **(variant.get("agent") or {})})
+            overrides = {**self.method_settings.get(method, {}), **(variant.get("agent") or {})}
+            return AgentConfig(**{"seed": self.seed, **self.agent, **overrides})
         except (TypeError, ValueError) as e:
             raise ValueError(f"{where}: {e}") from e
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from agent.loop import Question
+from agent.phrasing import tabfact_question
 from eval.metrics import expand_infoseek_golds
 from retrievers.jsonl import iter_jsonl_objects
 
@@ -215,11 +216,6 @@ def _shared_text(dataset: str) -> Callable[[DatasetSpec, Path], list[dict]]:
         ]
 
     return load
-
-
-def tabfact_question(statement: str) -> str:
-    """A TabFact statement asked as a yes/no question, worded as `data_synthesis.inputs` words it for training."""
-    return f"Is it true that {statement.strip()}?"
 
 
 def _tabfact(spec: DatasetSpec, path: Path) -> list[dict]:

@@ -228,19 +228,24 @@ def _where(cfg: EvalConfig, method: str, default_key: str) -> str:
 
 
 def check_policy_paths(settings: dict, where: str) -> None:
-    """A policy's adapter (given, or brought by a model alias such as `smollm2-kbrouter`) is a local folder: a missing
-    one fails before any policy loads, with the fix.
+    """A policy's adapter (given, or brought by a model alias such as `smollm2-kbrouter`) is a local folder written by
+    peft: a missing or unfinished one fails before any policy loads, with the fix.
 
     Raises:
-        FileNotFoundError: the adapter folder does not exist.
+        FileNotFoundError: the adapter folder, or its `adapter_config.json`, does not exist.
     """
     from eval.config import resolved_adapter
 
     given, adapter = settings.get("adapter"), resolved_adapter(settings)
-    if adapter and not Path(adapter).exists():
-        what = f"adapter {adapter!r}" + ("" if given else f" of model {settings.get('model')!r}")
-        raise FileNotFoundError(
-            f"{where}.adapter: {what} does not exist (relative paths are tried against the YAML's "
-            "folder, then the working directory); train it first, or leave the method out with "
-            "--methods"
-        )
+    if not adapter:
+        return
+    what = f"adapter {adapter!r}" + ("" if given else f" of model {settings.get('model')!r}")
+    if not Path(adapter).exists():
+        problem = "does not exist (relative paths are tried against the YAML's folder, then the working directory)"
+    elif Path(adapter).is_dir() and not (Path(adapter) / "adapter_config.json").is_file():
+        problem = "has no adapter_config.json (is its training still running?)"
+    else:
+        return
+    raise FileNotFoundError(
+        f"{where}.adapter: {what} {problem}; train it first, or leave the method out with --methods"
+    )

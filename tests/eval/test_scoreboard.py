@@ -183,6 +183,35 @@ def test_bad_variant_names_the_key_and_the_file(
     assert str(path) in str(e.value)
 
 
+def test_method_settings_override_a_builtin_methods_loop(tmp_path: Path, questions_file: Path) -> None:
+    path = eval_yaml(tmp_path, questions_file, ["ircot", "rag_all"], method_settings={"ircot": {"max_steps": 1}})
+    cfg = load_eval_config(path)
+    assert cfg.agent_config("ircot").max_steps == 1 and cfg.agent_config("rag_all").max_steps == 2
+    assert cfg.agent_config("ircot").max_retries == 0  # the rest comes from `agent`
+    base = load_eval_config(eval_yaml(tmp_path, questions_file, ["ircot", "rag_all"], out="base"))
+    assert cfg.fingerprint("ircot") != base.fingerprint("ircot") and cfg.fingerprint("rag_all") == base.fingerprint(
+        "rag_all"
+    )
+    for settings, message in [
+        ({"ircott": {"max_steps": 1}}, r"method_settings\.ircott: 'ircott' is not a built-in method"),
+        ({"ircot": {"max_step": 1}}, r"method_settings\.ircot has unknown key\(s\) \['max_step'\]"),
+        ({"ircot": {"max_steps": -1}}, r"method_settings\.ircot: max_steps must be >= 0"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            load_eval_config(eval_yaml(tmp_path, questions_file, ["ircot"], out="bad", method_settings=settings))
+    with pytest.raises(ValueError, match=r"method_settings\.v: 'v' is an agent variant"):
+        load_eval_config(
+            eval_yaml(
+                tmp_path,
+                questions_file,
+                ["v"],
+                out="bad",
+                agent_variants={"v": {}},
+                method_settings={"v": {"max_steps": 1}},
+            )
+        )
+
+
 def test_variant_override_from_the_command_line(tmp_path: Path, questions_file: Path) -> None:
     path = _variants_yaml(tmp_path, questions_file, {"v": {"agent": {"few_shot": False}}})
     cfg = load_eval_config(path, ["agent_variants.v.agent.max_steps=1"])
@@ -252,6 +281,10 @@ def test_a_missing_adapter_fails_before_anything_loads(tmp_path: Path, questions
         raise AssertionError("nothing should load")
 
     with pytest.raises(FileNotFoundError, match=r"agent_variants\.sft\.policy\.adapter: .*no/adapter' does not exist"):
+        run_eval(cfg, kbs=fake_kbs, policy_factory=factory)
+    # a folder training has not written its adapter into yet
+    (tmp_path / "no" / "adapter").mkdir(parents=True)
+    with pytest.raises(FileNotFoundError, match=r"has no adapter_config.json \(is its training still running\?\)"):
         run_eval(cfg, kbs=fake_kbs, policy_factory=factory)
 
 
@@ -426,3 +459,17 @@ def test_a_reworded_question_is_recomputed(tmp_path: Path, questions_file: Path,
         on_prediction=computed.append,
     )
     assert sorted(r["qid"] for r in computed) == ["q1", "q2", "q4"]  # q3 (no "capital") kept its prediction
+
+
+def test_tabfact_is_asked_as_synthesis_asks_it_for_training(tmp_path: Path) -> None:
+    # the SFT data is written by data_synthesis: eval must pose the same claim in the same words
+    from data_synthesis.config import InputSpec
+    from data_synthesis.inputs import read_inputs
+
+    row = {"qid": "tabfact-val-t-0", "table_id": "t.csv", "statement": " the team score 3 goal ", "label": 0}
+    path = tmp_path / "statements.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    (q_eval,) = load_dataset(DatasetSpec(name="tabfact", loader="tabfact", path=str(path))).questions
+    (q_synth,), _ = read_inputs([InputSpec(path=str(path), format="tabfact")])
+    assert q_eval.question == q_synth.question == "Is it true that the team score 3 goal?"
+    assert q_eval.answers == q_synth.answers == ("no",) and q_eval.id == q_synth.id
