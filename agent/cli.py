@@ -34,6 +34,12 @@ def add_common_args(ap: argparse.ArgumentParser, kb_default: str | None = None) 
     ap.add_argument("--adapter", help="a peft (LoRA) adapter folder to load onto --model (transformers backend)")
     ap.add_argument("--base-url", help="openai backend: server URL, e.g. http://127.0.0.1:8000/v1")
     ap.add_argument("--max-steps", type=int, help="retrieval steps before the final answer (default 3)")
+    ap.add_argument(
+        "--min-steps",
+        type=int,
+        help="searches before the agent may stop (default 1: the shipped router otherwise stops at once "
+        "on KB sets it was not trained on; 0 lets it answer without retrieval)",
+    )
     ap.add_argument("--top-k", type=int, help="hits per retrieval (default 5)")
     ap.add_argument("--temperature", type=float, help="0 = greedy (default)")
     ap.add_argument("--seed", type=int)
@@ -79,11 +85,13 @@ def resolve_configs(args: argparse.Namespace) -> tuple[PolicyConfig, AgentConfig
     for flag, key in (("backend", "backend"), ("model", "model"), ("base_url", "base_url"), ("adapter", "adapter")):
         if getattr(args, flag) is not None:
             pol[key] = getattr(args, flag)
-    for key in ("max_steps", "top_k", "temperature", "seed", "few_shot", "constrained"):
+    for key in ("max_steps", "min_steps", "top_k", "temperature", "seed", "few_shot", "constrained"):
         if getattr(args, key) is not None:
             agent[key] = getattr(args, key)
     if pol.get("backend", "transformers") == "transformers" and not pol.get("model") and not pol.get("adapter"):
         pol["model"] = DEFAULT_MODEL  # the shipped router; `--model smollm2` is the base model
+    # the shipped router otherwise stops at once on KB sets it was not trained on (the demo's two)
+    agent.setdefault("min_steps", min(1, agent.get("max_steps", AgentConfig.max_steps)))
     kb = args.kb or raw.get("kb")
     if not kb:
         raise ValueError("no knowledge bases given: pass --kb configs/kb/NAME.yaml (or `kb:` in --config)")

@@ -62,6 +62,12 @@ class AgentConfig:
 
     max_steps: int = field(default=3, metadata={"help": "retrieval steps before the final answer (paper: n = 3)"})
     top_k: int = field(default=5, metadata={"help": "hits shown to the policy per retrieval"})
+    min_steps: int = field(
+        default=0,
+        metadata={
+            "help": "searches before the stop plan is allowed (constrained decoding drops its None branch until then)"
+        },
+    )
     max_retries: int = field(default=1, metadata={"help": "re-asks after a malformed reply, per step"})
     # Token budgets per step. Constrained steps size their grammar to close within them (an early end-of-sequence
     # makes the usual step far shorter, so a generous budget costs nothing); unconstrained steps stop at the tag.
@@ -103,6 +109,8 @@ class AgentConfig:
             raise ValueError(f"top_k must be >= 1, got {self.top_k}")
         if self.max_retries < 0:
             raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")
+        if not 0 <= self.min_steps <= max(self.max_steps, 0):
+            raise ValueError(f"min_steps must be in [0, max_steps={self.max_steps}], got {self.min_steps}")
         if self.constrained not in CONSTRAINED:
             raise ValueError(f"agent.constrained must be one of {CONSTRAINED}, got {self.constrained!r}")
 
@@ -174,14 +182,16 @@ class StepAgent:
                 plan_grammar(tuple(kbs), cfg.plan_tokens),
                 answer_grammar(cfg.answer_tokens),
                 answer_grammar(cfg.final_tokens),
+                plan_grammar(tuple(kbs), cfg.plan_tokens, allow_stop=False),
             )
 
-    def _params(self, step: str, stop: str, salt: int) -> SamplingParams:
+    def _params(self, step: str, stop: str, salt: int, step_index: int = 0) -> SamplingParams:
         cfg = self.config
         tokens = {"plan": cfg.plan_tokens, "answer": cfg.answer_tokens, "final": cfg.final_tokens}[step]
         grammar = None
         if self._grammars is not None:
-            grammar = self._grammars[("plan", "answer", "final").index(step)].ebnf
+            i = 3 if step == "plan" and step_index < cfg.min_steps else ("plan", "answer", "final").index(step)
+            grammar = self._grammars[i].ebnf
         return cfg.sampling(tokens, (stop,), salt=salt, grammar=grammar)
 
     @property
@@ -260,7 +270,7 @@ class StepAgent:
                 active,
                 convs,
                 lambda text: parse_plan(text, names, require_think=cfg.require_think),
-                self._params("plan", "</ret>", salt=10 * step_i),
+                self._params("plan", "</ret>", salt=10 * step_i, step_index=step_i),
             )
             plan_s = time.perf_counter() - t0
             to_retrieve: list[tuple[_State, PlanParse, list[str]]] = []

@@ -77,8 +77,11 @@ def _split_chars(budget_tokens: int, fixed: int, shares: Sequence[float], step: 
 
 
 @lru_cache(maxsize=64)
-def plan_grammar(kb_names: tuple[str, ...], budget_tokens: int) -> StepGrammar:
-    """The plan grammar over these display names, sized to close within `budget_tokens`. Cached per KB set."""
+def plan_grammar(kb_names: tuple[str, ...], budget_tokens: int, allow_stop: bool = True) -> StepGrammar:
+    """The plan grammar over these display names, sized to close within `budget_tokens`. Cached per KB set.
+
+    `allow_stop=False` drops the None/None branch: the step must search (`agent.min_steps`).
+    """
     if not kb_names:
         raise ValueError("a plan grammar needs at least one knowledge base")
     for n in kb_names:
@@ -91,7 +94,7 @@ def plan_grammar(kb_names: tuple[str, ...], budget_tokens: int) -> StepGrammar:
     think_chars, question_chars = _split_chars(budget_tokens, fixed, (_THINK_SHARE, 1 - _THINK_SHARE), "plan")
     kbs = " | ".join(_literal(n) for n in kb_names)
     ebnf = "\n".join([
-        f"root ::= {_literal(open_think)} think {_literal(mid)} (ask | stop)",
+        f"root ::= {_literal(open_think)} think {_literal(mid)} {'(ask | stop)' if allow_stop else 'ask'}",
         f"ask ::= {_literal(ask_open)} question {_literal(ask_mid)} kb {_literal(ask_close)}",
         f"stop ::= {_literal(STOP_PLAN)}",
         f"kb ::= {kbs}",

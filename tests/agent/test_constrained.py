@@ -223,3 +223,27 @@ def _kb():
     from agent.kbs import KnowledgeBase
 
     return KnowledgeBase(name="text", display_name="Text Retriever", retriever=FakeRetriever("text", ["a b"]))
+
+
+def test_min_steps_drops_the_stop_branch_until_then():
+    assert "stop" not in plan_grammar(("Text Retriever",), 448, allow_stop=False).ebnf.split("\n")[0]
+    seen = []
+
+    class GrammarPolicy(ScriptedPolicy):
+        supports_grammar = True
+
+        def generate(self, conversations, params):
+            seen.append(params.grammar)
+            return super().generate(conversations, params)
+
+    def script(conv):
+        if "next step" in str(conv[-1]["content"]):
+            return "<think>t</think>\n<sub-question>a?</sub-question>\n<ret>Text Retriever</ret>"
+        return "<think>t</think>\n<answer>x</answer>"
+
+    StepAgent(GrammarPolicy(script), {"Text Retriever": _kb()}, AgentConfig(max_steps=2, min_steps=1)).run_batch(
+        [Question(id="a", question="q")])  # fmt: skip
+    plans = [g for g in seen if "sub-question" in g]
+    assert "(ask | stop)" not in plans[0] and "(ask | stop)" in plans[1]
+    with pytest.raises(ValueError, match="min_steps must be in"):
+        AgentConfig(max_steps=1, min_steps=2)
