@@ -22,8 +22,10 @@ def load_questions(n: int):  # noqa: ANN201
 
     src = SHARED_Q if SHARED_Q.exists() else REPO / "data" / "demo" / "questions.jsonl"
     rows = list(iter_jsonl(src))
-    qs = [question_from_row({"id": r.get("id", r.get("qid")), "question": r["question"], "answers": r["answers"]})
-          for r in rows]
+    qs = [
+        question_from_row({"id": r.get("id", r.get("qid")), "question": r["question"], "answers": r["answers"]})
+        for r in rows
+    ]
     while len(qs) < n:
         qs = qs + qs
     from dataclasses import replace
@@ -49,13 +51,16 @@ def main(argv: list[str] | None = None) -> int:
     questions, src = load_questions(args.n)
     kbs = load_knowledge_bases(args.kb)
     policy = TransformersPolicy("smollm2", max_batch_size=args.batch_size)
-    cfg = AgentConfig(max_steps=args.max_steps, plan_tokens=args.tokens, answer_tokens=args.tokens,
-                      final_tokens=args.tokens)
+    cfg = AgentConfig(
+        max_steps=args.max_steps, plan_tokens=args.tokens, answer_tokens=args.tokens, final_tokens=args.tokens
+    )
     agent = StepAgent(policy, kbs, cfg)
     agent.run_batch(questions[:2])  # warm-up: first-call overheads out of both timings
 
-    print(f"{len(questions)} questions from {src.name}; SmolLM2-135M fp32 on {torch.get_num_threads()} threads; "
-          f"max_steps={args.max_steps}, {args.tokens} new tokens max per step, greedy")
+    print(
+        f"{len(questions)} questions from {src.name}; SmolLM2-135M fp32 on {torch.get_num_threads()} threads; "
+        f"max_steps={args.max_steps}, {args.tokens} new tokens max per step, greedy"
+    )
     t0 = time.perf_counter()
     seq = agent.run_sequential(questions)
     t_seq = time.perf_counter() - t0

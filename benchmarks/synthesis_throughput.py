@@ -38,8 +38,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--device", default=None)
     parser.add_argument("--few_shot", action="store_true", help="show the worked example (longer prompts)")
-    parser.add_argument("--rounds", type=int, default=1,
-                        help="2+ runs the modes in A B C, C B A order and sums them, cancelling load drift")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="2+ runs the modes in A B C, C B A order and sums them, cancelling load drift",
+    )
     args = parser.parse_args(argv)
 
     import yaml
@@ -76,11 +80,13 @@ def main(argv: list[str] | None = None) -> int:
         "per question (m batched)": lambda: [t for q in questions for t in agent.run_batch(expand([q], args.m))],
         "one trajectory at a time": lambda: agent.run_sequential(expand(questions, args.m)),
     }
-    print(f"teacher={policy.name} questions={len(questions)} m={args.m} max_steps={args.max_steps} "
-          f"tokens/reply<={args.tokens} few_shot={args.few_shot} device={args.device or 'auto'} rounds={args.rounds}")
+    print(
+        f"teacher={policy.name} questions={len(questions)} m={args.m} max_steps={args.max_steps} "
+        f"tokens/reply<={args.tokens} few_shot={args.few_shot} device={args.device or 'auto'} rounds={args.rounds}"
+    )
     totals = {name: [0, 0.0, 0] for name in modes}  # trajectories, seconds, generated tokens
     for r in range(args.rounds):
-        for name in (list(modes) if r % 2 == 0 else list(reversed(modes))):
+        for name in list(modes) if r % 2 == 0 else list(reversed(modes)):
             t0 = time.perf_counter()
             trajectories = modes[name]()
             totals[name][0] += len(trajectories)
@@ -89,11 +95,15 @@ def main(argv: list[str] | None = None) -> int:
     rates = {}
     for name, (n, seconds, tokens) in totals.items():
         rates[name] = 60 * n / seconds
-        print(f"{name:30s} {n:3d} trajectories in {seconds:7.1f} s = {rates[name]:7.2f} traj/min "
-              f"({tokens / seconds:6.1f} generated tok/s)")
+        print(
+            f"{name:30s} {n:3d} trajectories in {seconds:7.1f} s = {rates[name]:7.2f} traj/min "
+            f"({tokens / seconds:6.1f} generated tok/s)"
+        )
     base = rates["one trajectory at a time"]
-    print(f"ratio lockstep / one at a time: {rates['lockstep (all questions x m)'] / base:.2f}x; "
-          f"lockstep / per question: {rates['lockstep (all questions x m)'] / rates['per question (m batched)']:.2f}x")
+    print(
+        f"ratio lockstep / one at a time: {rates['lockstep (all questions x m)'] / base:.2f}x; "
+        f"lockstep / per question: {rates['lockstep (all questions x m)'] / rates['per question (m batched)']:.2f}x"
+    )
     return 0
 
 

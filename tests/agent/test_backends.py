@@ -54,8 +54,10 @@ def test_transformers_batch_matches_single_greedy(smol):
 
 
 def test_stop_string_ends_generation(smol):
-    out = smol.generate([[{"role": "user", "content": "Write <answer>Paris</answer> and then a long story."}]],
-                        SamplingParams(max_new_tokens=48, stop=("</answer>",)))[0]
+    out = smol.generate(
+        [[{"role": "user", "content": "Write <answer>Paris</answer> and then a long story."}]],
+        SamplingParams(max_new_tokens=48, stop=("</answer>",)),
+    )[0]
     assert out.text.count("</answer>") <= 1
     assert "</answer>" not in out.text or out.text.endswith("</answer>")
 

@@ -9,8 +9,24 @@ from agent.types import STOP_REASONS, Trajectory
 
 def test_run_smollm2_over_demo_kb_writes_valid_trajectories(tmp_path, smollm2_dir):
     out = tmp_path / "traj.jsonl"
-    rc = run_main(["--kb", str(DEMO_KB), "--questions", str(DEMO_QUESTIONS), "--out", str(out), "--limit", "7",
-                   "--max-steps", "1", "--model", smollm2_dir, "--batch-size", "8"])
+    rc = run_main(
+        [
+            "--kb",
+            str(DEMO_KB),
+            "--questions",
+            str(DEMO_QUESTIONS),
+            "--out",
+            str(out),
+            "--limit",
+            "7",
+            "--max-steps",
+            "1",
+            "--model",
+            smollm2_dir,
+            "--batch-size",
+            "8",
+        ]
+    )
     assert rc == 0
     lines = out.read_text().splitlines()
     assert len(lines) == 7
@@ -35,8 +51,23 @@ def test_run_smollm2_over_demo_kb_writes_valid_trajectories(tmp_path, smollm2_di
         assert h.kb == h.doc.kb and h.kb in {"text", "table"}
         assert isinstance(h.score, float)
     # re-running skips finished ids: nothing new is written
-    assert run_main(["--kb", str(DEMO_KB), "--questions", str(DEMO_QUESTIONS), "--out", str(out), "--limit", "7",
-                     "--model", smollm2_dir]) == 0
+    assert (
+        run_main(
+            [
+                "--kb",
+                str(DEMO_KB),
+                "--questions",
+                str(DEMO_QUESTIONS),
+                "--out",
+                str(out),
+                "--limit",
+                "7",
+                "--model",
+                smollm2_dir,
+            ]
+        )
+        == 0
+    )
     assert len(out.read_text().splitlines()) == 7
 
 

@@ -28,7 +28,9 @@ def two_hop_script(conv):
         if n == 0:
             return "<think>need capital</think><sub-question>capital of france</sub-question><ret>Text Retriever</ret>"
         if n == 1:
-            return "<think>need size</think><sub-question>population of france</sub-question><ret>table retriever</ret>"
+            return (
+                "<think>need size</think><sub-question>population of france</sub-question><ret>table retriever</ret>"
+            )
         return "<think>done</think><sub-question>None</sub-question><ret>None</ret>"
     if sys.startswith("You answer a question using the evidence"):
         return "<think>from evidence</think><answer>" + user.split(": ", 1)[1].split("\n")[0][:20] + "</answer>"
@@ -55,7 +57,8 @@ def test_two_hop_trajectory_and_lockstep_batching():
 def test_max_steps_reached():
     script = lambda c: (  # noqa: E731 — always asks for more
         "<think>more</think><sub-question>capital of france</sub-question><ret>Text Retriever</ret>"
-        if "next step" in last_user_text(c) else "<think>x</think><answer>Paris</answer>"
+        if "next step" in last_user_text(c)
+        else "<think>x</think><answer>Paris</answer>"
     )
     t = StepAgent(ScriptedPolicy(script), kbs(), AgentConfig(max_steps=2, few_shot=False)).run_batch(
         [Question(id="a", question="q")]
@@ -64,9 +67,16 @@ def test_max_steps_reached():
 
 
 def test_format_error_is_reasked_a_bounded_number_of_times_then_recorded():
-    policy = ScriptedPolicy(lambda c: "I refuse to use tags" if "next step" in last_user_text(c) or
-                            "did not follow" in last_user_text(c) else "<think>x</think><answer>y</answer>")
-    t = StepAgent(policy, kbs(), AgentConfig(max_retries=2, few_shot=False)).run_batch([Question(id="a", question="q")])[0]
+    policy = ScriptedPolicy(
+        lambda c: (
+            "I refuse to use tags"
+            if "next step" in last_user_text(c) or "did not follow" in last_user_text(c)
+            else "<think>x</think><answer>y</answer>"
+        )
+    )
+    t = StepAgent(policy, kbs(), AgentConfig(max_retries=2, few_shot=False)).run_batch(
+        [Question(id="a", question="q")]
+    )[0]
     assert t.stop_reason == "format_error"
     assert len(t.steps[0].raw) == 3  # first try + 2 re-asks, all kept
     assert set(t.steps[0].format_errors) == {"missing_think", "missing_sub_question", "missing_ret"}
@@ -144,8 +154,17 @@ def test_evidence_images_reach_the_answer_step(tmp_path):
 
     class ImageKB:
         def search(self, queries, k):
-            return [[Hit(Doc(id="i0", text="a red square", kb="image", modality="image", media=Media(str(img))),
-                         1.0, 0, "image")] for _ in queries]
+            return [
+                [
+                    Hit(
+                        Doc(id="i0", text="a red square", kb="image", modality="image", media=Media(str(img))),
+                        1.0,
+                        0,
+                        "image",
+                    )
+                ]
+                for _ in queries
+            ]
 
     seen = []
 

@@ -10,11 +10,26 @@ KBS = ["Text Retriever", "Table Retriever", "Image Retriever"]
 
 PLAN_CASES = [
     # well-formed: KB matched case-insensitively, display name returned as configured
-    ("<think>t</think><sub-question>Who is X?</sub-question><ret>text retriever</ret>", "Who is X?", "Text Retriever", ()),
+    (
+        "<think>t</think><sub-question>Who is X?</sub-question><ret>text retriever</ret>",
+        "Who is X?",
+        "Text Retriever",
+        (),
+    ),
     # tags themselves are case-insensitive, contents keep their case
-    ("<THINK>t</THINK><Sub-Question>Who is X?</Sub-Question><RET>Table Retriever</RET>", "Who is X?", "Table Retriever", ()),
+    (
+        "<THINK>t</THINK><Sub-Question>Who is X?</Sub-Question><RET>Table Retriever</RET>",
+        "Who is X?",
+        "Table Retriever",
+        (),
+    ),
     # text outside the tags is tolerated
-    ("Sure! <think>t</think> ok <sub-question>q</sub-question>\n<ret> Image Retriever </ret> done", "q", "Image Retriever", ()),
+    (
+        "Sure! <think>t</think> ok <sub-question>q</sub-question>\n<ret> Image Retriever </ret> done",
+        "q",
+        "Image Retriever",
+        (),
+    ),
     # None / None ends retrieval
     ("<think>enough</think><sub-question>None</sub-question><ret>None</ret>", None, None, ()),
     # lower-case none with a period is still None
@@ -22,9 +37,19 @@ PLAN_CASES = [
     # unknown KB
     ("<think>t</think><sub-question>q</sub-question><ret>Web Search</ret>", "q", None, ("unknown_kb",)),
     # several KBs where one is allowed
-    ("<think>t</think><sub-question>q</sub-question><ret>Text Retriever, Table Retriever</ret>", "q", None, ("multiple_kbs",)),
+    (
+        "<think>t</think><sub-question>q</sub-question><ret>Text Retriever, Table Retriever</ret>",
+        "q",
+        None,
+        ("multiple_kbs",),
+    ),
     # a KB given with a None sub-question
-    ("<think>t</think><sub-question>None</sub-question><ret>Text Retriever</ret>", None, "Text Retriever", ("kb_without_sub_question",)),
+    (
+        "<think>t</think><sub-question>None</sub-question><ret>Text Retriever</ret>",
+        None,
+        "Text Retriever",
+        ("kb_without_sub_question",),
+    ),
     # a sub-question without a KB
     ("<think>t</think><sub-question>q</sub-question><ret>None</ret>", "q", None, ("sub_question_without_kb",)),
     # missing tags
@@ -32,12 +57,27 @@ PLAN_CASES = [
     ("<sub-question>q</sub-question><ret>Text Retriever</ret>", "q", "Text Retriever", ("missing_think",)),
     ("<think>t</think><sub-question>q</sub-question>", "q", None, ("missing_ret",)),
     # empty tags
-    ("<think>t</think><sub-question>  </sub-question><ret>Text Retriever</ret>", None, "Text Retriever", ("empty_sub_question",)),
+    (
+        "<think>t</think><sub-question>  </sub-question><ret>Text Retriever</ret>",
+        None,
+        "Text Retriever",
+        ("empty_sub_question",),
+    ),
     ("<think>t</think><sub-question>q</sub-question><ret></ret>", "q", None, ("empty_ret",)),
     # an opening tag never closed
-    ("<think>t</think><sub-question>q<ret>Text Retriever</ret>", None, "Text Retriever", ("unclosed_tag", "missing_sub_question")),
+    (
+        "<think>t</think><sub-question>q<ret>Text Retriever</ret>",
+        None,
+        "Text Retriever",
+        ("unclosed_tag", "missing_sub_question"),
+    ),
     # a tag that must appear once appears twice: first one wins, error named
-    ("<think>a</think><think>b</think><sub-question>q</sub-question><ret>Text Retriever</ret>", "q", "Text Retriever", ("repeated_tag",)),
+    (
+        "<think>a</think><think>b</think><sub-question>q</sub-question><ret>Text Retriever</ret>",
+        "q",
+        "Text Retriever",
+        ("repeated_tag",),
+    ),
 ]
 
 
