@@ -175,23 +175,21 @@ class StepAgent:
         self.kbs = kbs
         self.config = config or AgentConfig()
         self.constrained = use_constrained(self.config.constrained, policy)  # fails here, before any generation
-        self._grammars = None
+        self._grammars: dict[str, str] = {}
         if self.constrained:  # built once per KB set; a budget too small for the tags fails here too
             cfg = self.config
-            self._grammars = (
-                plan_grammar(tuple(kbs), cfg.plan_tokens),
-                answer_grammar(cfg.answer_tokens),
-                answer_grammar(cfg.final_tokens),
-                plan_grammar(tuple(kbs), cfg.plan_tokens, allow_stop=False),
-            )
+            self._grammars = {
+                "plan": plan_grammar(tuple(kbs), cfg.plan_tokens).ebnf,
+                "plan_must_search": plan_grammar(tuple(kbs), cfg.plan_tokens, allow_stop=False).ebnf,
+                "answer": answer_grammar(cfg.answer_tokens).ebnf,
+                "final": answer_grammar(cfg.final_tokens).ebnf,
+            }
 
     def _params(self, step: str, stop: str, salt: int, step_index: int = 0) -> SamplingParams:
         cfg = self.config
         tokens = {"plan": cfg.plan_tokens, "answer": cfg.answer_tokens, "final": cfg.final_tokens}[step]
-        grammar = None
-        if self._grammars is not None:
-            i = 3 if step == "plan" and step_index < cfg.min_steps else ("plan", "answer", "final").index(step)
-            grammar = self._grammars[i].ebnf
+        key = "plan_must_search" if step == "plan" and step_index < cfg.min_steps else step
+        grammar = self._grammars.get(key)
         return cfg.sampling(tokens, (stop,), salt=salt, grammar=grammar)
 
     @property

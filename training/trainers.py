@@ -89,13 +89,9 @@ def load_policy(model_path: str, dtype: str, init_adapter: str | None = None):
     if init_adapter:
         from peft import PeftModel
 
-        from agent.backends.models import adapter_base_name
+        from agent.backends.models import check_adapter_base
 
-        trained_on = Path(adapter_base_name(init_adapter)).name
-        if trained_on and trained_on.lower() != Path(model_path).name.lower():
-            raise ValueError(
-                f"init_adapter {init_adapter!r} was trained on {trained_on!r}, not {Path(model_path).name!r}"
-            )
+        check_adapter_base(init_adapter, model_path)
         model = PeftModel.from_pretrained(model, init_adapter, is_trainable=True)
     return model
 

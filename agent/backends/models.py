@@ -93,18 +93,23 @@ def adapter_base_name(adapter: str | Path) -> str:
         raise ValueError(f"{cfg_file} is not valid JSON ({e}); re-save the adapter") from e
 
 
-def apply_adapter(model, adapter: str, base_path: str):  # noqa: ANN001, ANN201 - transformers model
-    """Load a peft (LoRA) adapter onto `model` and merge it (inference then costs what the base model costs).
-
-    The adapter must have been trained on this base model: its recorded base is compared with the loaded one by
-    folder/hub name, so a SmolLM2 adapter refuses to load onto another model with one clear error.
-    """
+def check_adapter_base(adapter: str | Path, base_path: str) -> None:
+    """Raise unless `adapter` was trained on the model at `base_path` (compared by folder / hub name)."""
     trained_on = adapter_base_name(adapter)
     if trained_on and Path(trained_on).name.lower() != Path(base_path).name.lower():
         raise ValueError(
             f"adapter {str(Path(adapter) / 'adapter_config.json')!r} was trained on {Path(trained_on).name!r}, "
             f"not on {Path(base_path).name!r}: load it with the model it was trained on (e.g. policy.model: smollm2)"
         )
+
+
+def apply_adapter(model, adapter: str, base_path: str):  # noqa: ANN001, ANN201 - transformers model
+    """Load a peft (LoRA) adapter onto `model` and merge it (inference then costs what the base model costs).
+
+    The adapter must have been trained on this base model: its recorded base is compared with the loaded one by
+    folder/hub name, so a SmolLM2 adapter refuses to load onto another model with one clear error.
+    """
+    check_adapter_base(adapter, base_path)
     from peft import PeftModel
 
     try:
