@@ -111,10 +111,6 @@ class StepDataArgs:
         if self.init_adapter is not None:
             if self.lora is not None:
                 raise ValueError("`init_adapter` trains an existing adapter further; drop `lora` (its rank is fixed)")
-            if not (Path(self.init_adapter) / "adapter_config.json").is_file():
-                raise FileNotFoundError(
-                    f"init_adapter {self.init_adapter!r} has no adapter_config.json (a peft folder)"
-                )
         if self.lora is not None:
             unknown = set(self.lora) - {"r", "alpha", "dropout", "target_modules"}
             if unknown:

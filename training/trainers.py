@@ -84,14 +84,15 @@ def load_policy(model_path: str, dtype: str, init_adapter: str | None = None):
     `init_adapter`, that peft adapter on top, trainable (so GRPO continues the SFT adapter rather than a new one)."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
+    from agent.backends.models import check_adapter_base
+
+    if init_adapter:  # a missing or mismatched adapter fails before the model loads (and not when a recipe parses:
+        check_adapter_base(init_adapter, model_path)  # the stage before writes it)
     cls = AutoModelForImageTextToText if is_vision_language(model_path) else AutoModelForCausalLM
     model = cls.from_pretrained(model_path, dtype=_dtype(dtype))
     if init_adapter:
         from peft import PeftModel
 
-        from agent.backends.models import check_adapter_base
-
-        check_adapter_base(init_adapter, model_path)
         model = PeftModel.from_pretrained(model, init_adapter, is_trainable=True)
     return model
 
