@@ -7,7 +7,7 @@ plan, or into a skip reason when the row lacks what it needs (never an exception
 | kind | from | steps |
 |---|---|---|
 | `musique` | `decomposition` [{question, answer, doc_id}] | one hop per item, `#n` replaced by answer n, `A >> rel` asked as "What is the rel of A?" |
-| `hotpotqa_bridge` | `supporting_facts` + the two supporting paragraphs | hop 1 finds the bridge entity (the title of paragraph B, found in paragraph A), hop 2 asks about it |
+| `hotpotqa_bridge` | `supporting_facts` + the two supporting paragraphs | hop 1 asks the question and finds the bridge entity (the title of paragraph B, found in paragraph A), hop 2 asks about it |
 | `hotpotqa_comparison` | the same | one hop per compared entity; its answer is that entity's supporting sentence |
 | `hotpotqa_one_step` | any HotpotQA row the two above do not fit | the question itself, needing both paragraphs |
 | `table` | `table_id` (TabFact, WTQ) | the question itself; support: the table |
@@ -199,11 +199,11 @@ def plan_hotpotqa(question: str, golds: tuple[str, ...], fields: dict, ctx: Plan
                 candidates.append((find_span(answer, pa["text"]) is not None, da, pa, db, pb, bridge))
         if candidates:
             _, da, pa, db, pb, bridge = min(candidates, key=lambda c: c[0])  # prefer an answer only B holds
-            a_title, b_title = _bare_title(pa["title"]), _bare_title(pb["title"])
             return GoldPlan("hotpotqa_bridge", (
-                GoldStep(f"Which entity mentioned in {a_title} does this question depend on: {question}", ctx.kb,
-                         bridge, _ids(da)),
-                GoldStep(f"About {b_title}: {question}", ctx.kb, answer, _ids(db)),
+                # hop 1 asks the question itself (naming paragraph A's title would leak what only retrieval can
+                # know); hop 2 names the bridge entity, which is hop 1's answer, so the policy can write it too
+                GoldStep(question, ctx.kb, bridge, _ids(da)),
+                GoldStep(f"About {bridge}: {question}", ctx.kb, answer, _ids(db)),
             ), answer)  # fmt: skip
     elif fields["type"] == "comparison":
         steps = []

@@ -3,7 +3,9 @@
 The held-out steps score the router after each training stage (base, SFT, Step-GRPO) on prompts no stage trained
 on; the split is by trajectory so no held-out step shares a question with a training step.
 
-Run: python scripts/split_steps.py runs/synth/annotation_cpu/steps.jsonl --heldout-share 0.2
+Run: python scripts/split_steps.py runs/synth/annotation_cpu/steps.jsonl --heldout-share 0.2 --plan-only clip_notes
+(`--plan-only D`: keep only the plan steps of dataset D, whose answers must not be trained on; see
+scripts/make_clip_questions.py.)
 """
 
 from __future__ import annotations
@@ -24,18 +26,32 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("steps", help="steps.jsonl written by kbrouter synth")
     ap.add_argument("--heldout-share", type=float, default=0.2)
+    ap.add_argument(
+        "--plan-only",
+        nargs="*",
+        default=[],
+        metavar="DATASET",
+        help="datasets whose answer and final steps are dropped (their plan steps are kept)",
+    )
     args = ap.parse_args()
     src = Path(args.steps)
     buckets = int(round(1 / args.heldout_share))
     out = {"train": src.with_name("steps_train.jsonl"), "heldout": src.with_name("steps_heldout.jsonl")}
     counts: Counter = Counter()
     lines = {"train": [], "heldout": []}
+    dropped: Counter = Counter()
     for _, rec in iter_jsonl_objects(src):
+        if rec["step_type"] != "plan" and rec.get("metadata", {}).get("dataset") in args.plan_only:
+            dropped[rec["step_type"]] += 1
+            continue
         q = question_of(rec["trajectory_id"])
         side = "heldout" if int(hashlib.sha1(q.encode()).hexdigest(), 16) % buckets == 0 else "train"
         lines[side].append(rec)
         counts[(side, rec["step_type"])] += 1
     import json
+
+    if dropped:
+        print(f"dropped (--plan-only {' '.join(args.plan_only)}): {dict(dropped)}")
 
     for side, path in out.items():
         tmp = path.with_suffix(".tmp")

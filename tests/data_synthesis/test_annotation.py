@@ -264,6 +264,7 @@ def test_hotpotqa_bridge_and_comparison_take_two_hops(world):
     assert {first, second} == set(world["text"][BRIDGE]["supporting_doc_ids"])
     assert hop1["answer"] in paragraphs[first]  # the bridge entity is written in the first paragraph
     assert hop1["answer"] in hop2["sub_question"] and hop2["answer"] == world["text"][BRIDGE]["answers"][0]
+    assert hop1["sub_question"] == bridge["question"]  # hop 1 names nothing that only retrieval can find
     comparison = world["accepted"][COMPARISON]
     assert comparison["metadata"]["annotation"] == "hotpotqa_comparison"
     hops = _retrievals(comparison)

@@ -1,0 +1,39 @@
+"""The templated clip-KB training questions (scripts/make_clip_questions.py): real clips, none a scored question."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("make_clip_questions", REPO / "scripts" / "make_clip_questions.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_clip_questions_name_real_spans_and_never_a_scored_question(shared_data: Path) -> None:
+    from eval.corpora import video_clip_rows
+
+    rows = _script().clip_questions(shared_data)
+    clips = {(c["video_id"], c["start"], c["end"]): c for c in video_clip_rows(shared_data)}
+    scored = [json.loads(line) for line in (shared_data / "video" / "qa.jsonl").read_text().splitlines() if line]
+    assert len({r["qid"] for r in rows}) == len(rows) > 50
+    assert not {r["question"].lower() for r in rows} & {q["question"].lower() for q in scored}
+    assert not {r["qid"] for r in rows} & {q["qid"] for q in scored}
+    for r in rows:
+        s, e = r["evidence_span_s"]
+        overlapping = [c for (v, cs, ce), c in clips.items() if v == r["video_id"] and cs < e and ce > s]
+        assert overlapping, r  # every question is about a span some clip of the KB covers
+        if r["evidence_type"] == "visual" and not r["answer"].endswith(" s"):
+            assert any(c["text"].startswith(r["answer"]) for c in overlapping)  # the answer is that clip's note
+
+
+def test_committed_clip_questions_are_the_scripts_output(shared_data: Path) -> None:
+    committed = REPO / "data" / "synth" / "clip_note_questions.jsonl"
+    rows = [json.loads(line) for line in committed.read_text(encoding="utf-8").splitlines()]
+    assert rows == _script().clip_questions(shared_data)
