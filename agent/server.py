@@ -1,52 +1,112 @@
 """`kbrouter serve`: an OpenAI-compatible chat-completions endpoint over any kbrouter policy backend.
 
 Concurrent requests with the same sampling settings are gathered for a few milliseconds and generated as one
-batch, so many clients (synthesis workers, eval shards) share one model efficiently.
+batch, so many clients (synthesis workers, eval shards) share one model efficiently (`retrievers.batching`).
+Bodies are checked by type and range before anything is queued (400 naming the field); a request whose generation
+fails fails alone; a client that disconnects before its turn costs no generation.
 """
 
 import argparse
-import asyncio
 import logging
 import time
 import uuid
-from dataclasses import dataclass
+from typing import Annotated, Any, Literal
 
-from agent.backends.base import Completion, Policy, SamplingParams, supports_grammar
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, ValidationError
+
+from agent.backends.base import Policy, SamplingParams, supports_grammar
+from retrievers.batching import ClientGone, MicroBatcher, wait_or_cancel
 
 logger = logging.getLogger(__name__)
 
 MAX_BATCH = 32
 GATHER_S = 0.01
+MAX_TOKENS_LIMIT = 8192
+MAX_STOPS = 16
 
 
-@dataclass
-class _Pending:
-    messages: list
-    params: SamplingParams
-    future: asyncio.Future
+def _utf8(text: str) -> str:
+    # JSON may carry lone surrogates ("\ud800"); tokenizers choke on them, so refuse them here, by field
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"not valid Unicode ({e.reason} at index {e.start}); send UTF-8 text") from e
+    return text
 
 
-def _to_kbrouter_messages(messages: list[dict]) -> list[dict]:
+Text = Annotated[str, AfterValidator(_utf8)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # OpenAI clients send fields we do not use (user, logprobs, ...)
+
+
+class TextPart(_Model):
+    type: Literal["text"]
+    text: Text
+
+
+class ImageURL(_Model):
+    url: Text
+
+
+class ImagePart(_Model):
+    type: Literal["image_url"]
+    image_url: ImageURL | Text
+
+
+class ChatMessage(_Model):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: Text | list[Annotated[TextPart | ImagePart, Field(discriminator="type")]]
+
+
+class ChatRequest(_Model):
+    """The chat-completions fields this server reads, checked by type and range before anything is queued."""
+
+    model: str | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    stream: Literal[False] = False
+    n: Literal[1] = 1
+    max_tokens: StrictInt | None = Field(None, ge=1)
+    max_completion_tokens: StrictInt | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0, le=2)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: StrictInt | None = Field(0, ge=0)
+    seed: StrictInt | None = None
+    stop: Text | list[Text] | None = Field(None, max_length=MAX_STOPS)
+    structured_outputs: Any = None
+    ebnf: Any = None
+    grammar: Any = None
+
+
+_HINTS = {"stream": "stream=true is not supported; send stream=false", "n": "only n=1 is supported"}
+
+
+def validation_message(error: ValidationError) -> str:
+    """One line naming each bad field (union and tag names dropped from the path)."""
+    lines = []
+    for e in error.errors():
+        loc = [str(p) for p in e["loc"] if isinstance(p, int) or ("[" not in p and p not in {"str", "ImageURL"})]
+        field = ".".join(loc) or "body"
+        msg = _HINTS.get(field, e["msg"])
+        if f"{field}: {msg}" not in lines:
+            lines.append(f"{field}: {msg}")
+    return "; ".join(lines[:5])
+
+
+def _to_kbrouter_messages(messages: list[ChatMessage]) -> list[dict]:
     """OpenAI content parts → kbrouter's (`image_url` data/file URLs → `{"type": "image", "image": ...}`)."""
     out = []
     for m in messages:
-        if not isinstance(m, dict) or "role" not in m or "content" not in m:
-            raise ValueError("each message needs 'role' and 'content'")
-        content = m["content"]
+        content = m.content
         if isinstance(content, list):
-            parts = []
-            for p in content:
-                if p.get("type") == "text":
-                    parts.append({"type": "text", "text": p.get("text", "")})
-                elif p.get("type") == "image_url":
-                    url = p["image_url"]["url"] if isinstance(p.get("image_url"), dict) else p.get("image_url")
-                    parts.append({"type": "image", "image": url})
-                else:
-                    raise ValueError(f"unsupported content part type {p.get('type')!r}")
-            content = parts
-        elif not isinstance(content, str):
-            raise ValueError("message content must be a string or a list of parts")
-        out.append({"role": m["role"], "content": content})
+            content = [
+                {"type": "text", "text": p.text}
+                if isinstance(p, TextPart)
+                else {"type": "image", "image": p.image_url.url if isinstance(p.image_url, ImageURL) else p.image_url}
+                for p in content
+            ]
+        out.append({"role": m.role, "content": content})
     return out
 
 
@@ -74,90 +134,90 @@ def request_grammar(body: dict) -> str | None:
     return grammar
 
 
-def create_app(policy: Policy, model_name: str | None = None):  # noqa: ANN201 (FastAPI app)
-    """The FastAPI app: POST /v1/chat/completions, GET /v1/models, GET /health."""
+def _status_of(error: BaseException) -> tuple[int, str]:
+    """HTTP status and message for one failed request: its own bad input is a 422, anything else a 500."""
+    if isinstance(error, (ValueError, TypeError)):
+        return 422, f"this request's input was rejected: {error}"
+    return 500, f"generation failed: {error}"
+
+
+def create_app(policy: Policy, model_name: str | None = None, max_tokens_limit: int = MAX_TOKENS_LIMIT):  # noqa: ANN201 (FastAPI app)
+    """The FastAPI app: POST /v1/chat/completions, GET /v1/models, GET /health.
+
+    Args:
+        policy: the backend that generates.
+        model_name: the name clients send as `model` (default: the policy's).
+        max_tokens_limit: the largest `max_tokens` accepted (422 above), so one request cannot hold the model.
+    """
+    import contextlib
+
     from fastapi import FastAPI, HTTPException, Request
     from fastapi.responses import JSONResponse
 
-    app = FastAPI(title="kbrouter policy server")
     name = model_name or policy.name
-    queue: asyncio.Queue[_Pending] = asyncio.Queue()
-    lock = asyncio.Lock()
+    batcher = MicroBatcher(policy.generate, name="policy-batcher", max_batch=MAX_BATCH, max_wait_s=GATHER_S)
 
-    async def batcher() -> None:
-        while True:
-            first = await queue.get()
-            batch = [first]
-            deadline = time.perf_counter() + GATHER_S
-            while len(batch) < MAX_BATCH:
-                timeout = deadline - time.perf_counter()
-                if timeout <= 0:
-                    break
-                try:
-                    batch.append(await asyncio.wait_for(queue.get(), timeout))
-                except asyncio.TimeoutError:
-                    break
-            groups: dict[SamplingParams, list[_Pending]] = {}
-            for p in batch:
-                groups.setdefault(p.params, []).append(p)
-            for params, items in groups.items():
-                try:
-                    async with lock:
-                        outs = await asyncio.to_thread(policy.generate, [p.messages for p in items], params)
-                    for p, out in zip(items, outs, strict=True):
-                        p.future.set_result(out)
-                except Exception as e:  # a failed batch fails its requests, not the server
-                    logger.exception("generation failed")
-                    for p in items:
-                        if not p.future.done():
-                            p.future.set_exception(e)
+    @contextlib.asynccontextmanager
+    async def lifespan(app):  # noqa: ANN001, ANN202
+        batcher.start()
+        yield
+        await batcher.stop()
 
-    @app.on_event("startup")
-    async def _start() -> None:
-        app.state.batcher = asyncio.create_task(batcher())
+    app = FastAPI(title="kbrouter policy server", lifespan=lifespan)
+    app.state.batcher = batcher
 
     @app.get("/health")
-    async def health() -> dict:
-        return {"status": "ok", "model": name}
+    async def health() -> JSONResponse:
+        ok = batcher.healthy
+        payload = {"status": "ok" if ok else "unhealthy", "model": name, "batcher_restarts": batcher.restarts}
+        return JSONResponse(payload, status_code=200 if ok else 503)
 
     @app.get("/v1/models")
     async def models() -> dict:
         return {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "kbrouter"}]}
 
+    def parse(body: object) -> tuple[list[dict], SamplingParams]:
+        if not isinstance(body, dict):
+            raise ValueError("body must be a JSON object with a non-empty 'messages' list")
+        try:
+            req = ChatRequest.model_validate(body)
+        except ValidationError as e:
+            raise ValueError(validation_message(e)) from None
+        grammar = request_grammar(body)
+        if grammar and not supports_grammar(policy):
+            raise ValueError(f"this server's policy ({name}) has no structured output; drop the grammar field")
+        max_tokens = next((v for v in (req.max_tokens, req.max_completion_tokens) if v is not None), 256)
+        if max_tokens > max_tokens_limit:
+            raise ValueError(f"max_tokens: {max_tokens} is over this server's limit of {max_tokens_limit}")
+        stop = req.stop or ()
+        params = SamplingParams(
+            max_new_tokens=max_tokens,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            top_k=req.top_k or 0,
+            seed=req.seed,
+            stop=() if grammar else (stop,) if isinstance(stop, str) else tuple(stop),
+            grammar=grammar,
+        )
+        return _to_kbrouter_messages(req.messages), params
+
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> JSONResponse:
         try:
-            body = await request.json()
-            if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body["messages"]:
-                raise ValueError("body must be a JSON object with a non-empty 'messages' list")
-            if body.get("stream"):
-                raise ValueError("stream=true is not supported; send stream=false")
-            if int(body.get("n", 1)) != 1:
-                raise ValueError("only n=1 is supported; send several requests instead")
-            stop = body.get("stop") or ()
-            grammar = request_grammar(body)
-            if grammar and not supports_grammar(policy):
-                raise ValueError(f"this server's policy ({name}) has no structured output; drop the grammar field")
-            params = SamplingParams(
-                max_new_tokens=int(
-                    next((body[k] for k in ("max_tokens", "max_completion_tokens") if body.get(k) is not None), 256)
-                ),
-                temperature=float(body.get("temperature", 1.0)),
-                top_p=float(body.get("top_p", 1.0)),
-                top_k=int(body.get("top_k", 0) or 0),
-                seed=body.get("seed"),
-                stop=() if grammar else (stop,) if isinstance(stop, str) else tuple(stop),
-                grammar=grammar,
-            )
-            messages = _to_kbrouter_messages(body["messages"])
-        except (ValueError, TypeError, KeyError) as e:
+            messages, params = parse(await request.json())
+            future = batcher.submit(messages, params)
+        except (ValueError, TypeError) as e:
             raise HTTPException(status_code=400, detail=str(e)) from e
-        fut: asyncio.Future = asyncio.get_running_loop().create_future()
-        await queue.put(_Pending(messages, params, fut))
         try:
-            out: Completion = await fut
-        except Exception as e:
-            raise HTTPException(status_code=500, detail=f"generation failed: {e}") from e
+            (out,) = await wait_or_cancel([future], request)
+        except ClientGone:
+            return JSONResponse({"detail": "client disconnected"}, status_code=499)
+        if isinstance(out, BaseException):
+            status, detail = _status_of(out)
+            raise HTTPException(status_code=status, detail=detail)
+        if out.finish_reason == "error":  # a backend that fails one item in place (e.g. an unreadable image)
+            bad_input = out.metadata.get("bad_input", False)
+            raise HTTPException(status_code=422 if bad_input else 502, detail=out.metadata.get("error", "failed"))
         return JSONResponse(
             {
                 "id": f"chatcmpl-{uuid.uuid4().hex[:12]}",
@@ -193,11 +253,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--served-model-name", default=None, help="name clients send as `model`")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--max-tokens-limit", type=int, default=MAX_TOKENS_LIMIT, help="largest max_tokens accepted")
     args = ap.parse_args(argv)
     import uvicorn
 
     policy = make_policy(PolicyConfig(backend=args.backend, model=args.model, dtype=args.dtype))
-    app = create_app(policy, args.served_model_name or args.model)
+    app = create_app(policy, args.served_model_name or args.model, args.max_tokens_limit)
     print(f"serving {args.model} at http://{args.host}:{args.port}/v1 (OpenAI chat completions)")  # noqa: T201 - the one line a person starting the server reads
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,10 @@ class MediaError(ValueError):
     """A media file is missing, unreadable, truncated or empty; the message names the path and the cause."""
 
 
+class ImageTooLarge(MediaError):
+    """An image declares more pixels than `MAX_IMAGE_PIXELS` (a decompression bomb, or just too big to decode)."""
+
+
 def _av():
     try:
         import av
@@ -39,25 +44,54 @@ def _av():
 
 # -- images -------------------------------------------------------------------------------------------------------
 
+# Decoding is refused above this many pixels: a 12 KB PNG can declare 10000x10000 (300 MB decoded), and every
+# consumer here shrinks images to at most a few megapixels anyway. PIL's own bomb check only starts at 89 MP.
+MAX_IMAGE_PIXELS = 40_000_000
+
+
+def check_image_pixels(path: str | os.PathLike, max_pixels: int | None = None) -> tuple[int, int]:
+    """The (width, height) an image file declares, read from its header without decoding the pixels.
+
+    Raises:
+        MediaError: the image declares more than `max_pixels` (default `MAX_IMAGE_PIXELS`), or is not an image.
+        FileNotFoundError: no such file.
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    limit = MAX_IMAGE_PIXELS if max_pixels is None else max_pixels
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"image file {str(path)!r} does not exist")
+    try:
+        with warnings.catch_warnings():  # PIL warns on open above 89 MP; the decision is made here instead
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(path) as im:
+                w, h = im.size
+    except (UnidentifiedImageError, OSError, SyntaxError, Image.DecompressionBombError) as e:
+        raise MediaError(f"cannot read image {str(path)!r}: {e}") from e
+    if w * h > limit:
+        raise ImageTooLarge(f"image {str(path)!r} is {w}x{h} = {w * h} pixels; at most {limit} are decoded")
+    return w, h
+
 
 def load_image(path: str | os.PathLike):
     """Load an image file fully into memory as an RGB `PIL.Image` (EXIF orientation applied).
 
     Raises:
         FileNotFoundError: no such file.
-        MediaError: not an image, or truncated (PIL reads lazily, so the pixels are decoded here to catch it).
+        MediaError: not an image, truncated (PIL reads lazily, so the pixels are decoded here to catch it), or
+            over `MAX_IMAGE_PIXELS`.
     """
     from PIL import Image, ImageOps, UnidentifiedImageError
 
+    check_image_pixels(path)  # before decoding: a decompression bomb fails here, cheaply
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"image file {str(path)!r} does not exist")
     try:
         with Image.open(path) as im:
             im.load()
             im = ImageOps.exif_transpose(im)
             return im.convert("RGB")
-    except (UnidentifiedImageError, OSError, SyntaxError) as e:
+    except (UnidentifiedImageError, OSError, SyntaxError, Image.DecompressionBombError) as e:
         raise MediaError(f"cannot read image {str(path)!r}: {e}") from e
 
 

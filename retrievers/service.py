@@ -13,7 +13,8 @@ Endpoints::
     GET  /metrics  request counts by status, per-KB query counts and p50/p99 latency, batch sizes
 
 Bad requests get a 4xx with a message (413 body too large, 422 malformed or out of bounds, 404 unknown KB);
-the service keeps serving. Run it (CPU or GPU, whatever the KBs use)::
+the service keeps serving. A query that breaks its KB's search fails only its own request (batching,
+`retrievers.batching`), and `/health` is 503 while a KB's batcher is down (it is restarted). Run it (CPU or GPU, whatever the KBs use)::
 
     kbrouter serve-retrieval --kb configs/kb/demo.yaml --host 127.0.0.1 --port 8765
     python -m retrievers.service --kb configs/kb/demo.yaml --port 8765 --record runs/snapshot.jsonl
@@ -36,7 +37,9 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from retrievers.types import Hit, Query, Retriever
+from retrievers.batching import ClientGone, MicroBatcher, QueueFull, wait_or_cancel
+from retrievers.media import ImageTooLarge, MediaError, check_image_pixels
+from retrievers.types import Query, Retriever
 
 logger = logging.getLogger(__name__)
 
@@ -103,18 +106,41 @@ def parse_search_request(body: bytes, kbs: dict[str, Retriever], default_k: dict
             raise RequestError(404, f"{where}.kb: unknown KB {kb!r}; served KBs: {sorted(kbs)}")
         if not isinstance(text, str):
             raise RequestError(422, f"{where}.text: expected a string, got {type(text).__name__}")
+        _check_unicode(text, f"{where}.text")
         if not text.strip():
             raise RequestError(422, f"{where}.text is empty; send a non-empty query (or skip it client-side)")
         if len(text) > cfg.max_text_chars:
             raise RequestError(422, f"{where}.text has {len(text)} characters; at most {cfg.max_text_chars}")
         if image is not None and not isinstance(image, str):
             raise RequestError(422, f"{where}.image: expected a path string or null, got {type(image).__name__}")
+        if image is not None:
+            _check_unicode(image, f"{where}.image")
+            _check_image(image, f"{where}.image")
         if k is None:
             k = default_k.get(kb, 5)
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= cfg.max_k:
             raise RequestError(422, f"{where}.k: expected an integer in [1, {cfg.max_k}], got {k!r}")
         out.append((kb, Query(text=text, image=image), k))
     return out
+
+
+def _check_unicode(text: str, where: str) -> None:
+    # JSON can carry lone surrogates ("\ud800"); encoders choke on them, so refuse them here, by field
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise RequestError(422, f"{where}: not valid Unicode ({e.reason} at index {e.start}); send UTF-8 text") from e
+
+
+def _check_image(path: str, where: str) -> None:
+    # header only: a decompression bomb is refused before any KB decodes it; a missing or unreadable file is left
+    # to the KB, which searches by the text alone
+    try:
+        check_image_pixels(path)
+    except ImageTooLarge as e:
+        raise RequestError(422, f"{where}: {e}") from e
+    except (FileNotFoundError, MediaError):
+        pass
 
 
 class KBStats:
@@ -126,6 +152,26 @@ class KBStats:
         self.batches = 0
         self.latencies_ms: collections.deque[float] = collections.deque(maxlen=window)
         self.batch_sizes: collections.deque[int] = collections.deque(maxlen=window)
+
+    def record_batch(self, size: int) -> None:
+        self.batches += 1
+        self.batch_sizes.append(size)
+
+    def watch(self, future: asyncio.Future) -> asyncio.Future:
+        """Count `future`'s query when it is answered (latency from now) or fails; returns it."""
+        t0 = time.perf_counter()
+
+        def done(f: asyncio.Future) -> None:
+            if f.cancelled():
+                return
+            if f.exception() is not None:
+                self.errors += 1
+            else:
+                self.queries += 1
+                self.latencies_ms.append((time.perf_counter() - t0) * 1000)
+
+        future.add_done_callback(done)
+        return future
 
     def snapshot(self) -> dict:
         lat = np.asarray(self.latencies_ms, dtype=np.float64)
@@ -141,73 +187,13 @@ class KBStats:
         }
 
 
-class MicroBatcher:
-    """Collects queries for one KB and answers them with as few `search` calls as possible.
-
-    The first query of a batch waits at most `max_wait_ms` for company; a batch holds at most `max_batch`
-    queries. Queries with different k are searched in separate calls, so every answer equals what
-    `retriever.search([q], k)` returns in-process.
-    """
-
-    def __init__(self, name: str, retriever: Retriever, cfg: ServiceConfig, stats: KBStats) -> None:
-        self.name = name
-        self.retriever = retriever
-        self.cfg = cfg
-        self.stats = stats
-        self.queue: asyncio.Queue = asyncio.Queue()
-        self._task: asyncio.Task | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"batcher-{self.name}")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-
-    def submit(self, query: Query, k: int) -> asyncio.Future:
-        if self.queue.qsize() >= self.cfg.max_pending:
-            raise RequestError(503, f"KB {self.name!r} has {self.queue.qsize()} queries queued; retry later")
-        fut = asyncio.get_running_loop().create_future()
-        self.queue.put_nowait((query, k, fut, time.perf_counter()))
-        return fut
-
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            batch = [await self.queue.get()]
-            deadline = loop.time() + self.cfg.max_wait_ms / 1000
-            while len(batch) < self.cfg.max_batch:
-                timeout = deadline - loop.time()
-                try:
-                    batch.append(
-                        self.queue.get_nowait() if timeout <= 0 else await asyncio.wait_for(self.queue.get(), timeout)
-                    )
-                except (asyncio.QueueEmpty, asyncio.TimeoutError):
-                    break
-            batch = [item for item in batch if not item[2].done()]  # drop queries whose request went away
-            by_k: dict[int, list] = {}
-            for item in batch:
-                by_k.setdefault(item[1], []).append(item)
-            for k, items in by_k.items():
-                try:
-                    results = await asyncio.to_thread(self.retriever.search, [it[0] for it in items], k)
-                except Exception as e:  # a failing search fails these queries, not the service
-                    logger.exception("search failed on KB %s", self.name)
-                    self.stats.errors += len(items)
-                    for it in items:
-                        if not it[2].done():
-                            it[2].set_exception(RuntimeError(f"search failed on KB {self.name!r}: {e}"))
-                    continue
-                now = time.perf_counter()
-                self.stats.batches += 1
-                self.stats.batch_sizes.append(len(items))
-                for it, hits in zip(items, results, strict=True):
-                    self.stats.queries += 1
-                    self.stats.latencies_ms.append((now - it[3]) * 1000)
-                    if not it[2].done():
-                        it[2].set_result(hits)
+def _failure(error: BaseException, where: str, kb: str) -> tuple[int, str]:
+    """Status and message for one failed query: a query the KB rejects is a 422, a KB that breaks a 500."""
+    if isinstance(error, asyncio.CancelledError):
+        return 503, f"{where}: KB {kb!r} is shutting down; retry"
+    if isinstance(error, (ValueError, TypeError)):
+        return 422, f"{where}: KB {kb!r} rejected this query: {error}"
+    return 500, f"{where}: search failed on KB {kb!r}: {error}"
 
 
 async def _read_body(request, limit: int) -> bytes:
@@ -247,20 +233,30 @@ def create_app(
     stats = {name: KBStats(cfg.latency_window) for name in kbs}
     status_counts: collections.Counter[int] = collections.Counter()
     request_ms: collections.deque[float] = collections.deque(maxlen=cfg.latency_window)
-    batchers: dict[str, MicroBatcher] = {}
+    batchers = {
+        name: MicroBatcher(
+            retriever.search,  # keyed by k: queries with different k go in separate calls
+            name=f"KB {name!r}",
+            max_batch=cfg.max_batch,
+            max_wait_s=cfg.max_wait_ms / 1000,
+            max_pending=cfg.max_pending,
+            on_batch=stats[name].record_batch,
+        )
+        for name, retriever in kbs.items()
+    }
     started = time.time()
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
-        for name, retriever in kbs.items():
-            batchers[name] = MicroBatcher(name, retriever, cfg, stats[name])
-            batchers[name].start()
+        for b in batchers.values():
+            b.start()
         logger.info("serving KBs %s with %s", sorted(kbs), asdict(cfg))
         yield
         for b in batchers.values():
             await b.stop()
 
     app = FastAPI(title="kbrouter retrieval service", lifespan=lifespan)
+    app.state.batchers = batchers
 
     def reply(status: int, payload: dict) -> JSONResponse:  # counts /search answers by status
         status_counts[status] += 1
@@ -272,15 +268,19 @@ def create_app(
         try:
             body = await _read_body(request, cfg.max_body_bytes)
             parsed = parse_search_request(body, kbs, default_k, cfg)
-            futures = [batchers[kb].submit(q, k) for kb, q, k in parsed]
+            futures = [stats[kb].watch(batchers[kb].submit(q, k)) for kb, q, k in parsed]
         except RequestError as e:
             return reply(e.status, {"error": e.message})
+        except QueueFull as e:
+            return reply(503, {"error": str(e)})
         try:
-            results: list[list[Hit]] = await asyncio.gather(*futures)
-        except RuntimeError as e:
-            for f in futures:
-                f.cancel()
-            return reply(500, {"error": str(e)})
+            results: list = await wait_or_cancel(futures, request)
+        except ClientGone:
+            return reply(499, {"error": "client disconnected; its queries were dropped"})
+        for i, (result, (kb, _, _)) in enumerate(zip(results, parsed, strict=True)):
+            if isinstance(result, BaseException):  # only this request's own queries failed
+                status, message = _failure(result, f"queries[{i}]", kb)
+                return reply(status, {"error": message})
         request_ms.append((time.perf_counter() - t0) * 1000)
         return reply(200, {"results": [[h.to_dict() for h in hits] for hits in results]})
 
@@ -290,10 +290,13 @@ def create_app(
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        alive = all(b._task is not None and not b._task.done() for b in batchers.values())
+        down = sorted(name for name, b in batchers.items() if not b.healthy)
+        alive = not down
         payload = {
             "status": "ok" if alive else "degraded",
             "kbs": sorted(kbs),
+            "batchers_down": down,
+            "batcher_restarts": sum(b.restarts for b in batchers.values()),
             "uptime_s": round(time.time() - started, 1),
         }
         return JSONResponse(payload, status_code=200 if alive else 503)

@@ -196,8 +196,8 @@ class VisionLanguagePolicy:
             text, paths, dropped = self.render(conv)
             try:
                 images = [self._load(p) for p in paths]
-            except (FileNotFoundError, MediaError) as e:
-                out[i] = Completion(text="", finish_reason="error", metadata={"error": str(e)})
+            except (FileNotFoundError, MediaError) as e:  # bad_input: `kbrouter serve` answers 422, not 5xx
+                out[i] = Completion(text="", finish_reason="error", metadata={"error": str(e), "bad_input": True})
                 continue
             ready.append((i, text, images, dropped))
         # Sorting by length keeps padding small inside each chunk; results go back in input order.

@@ -122,6 +122,108 @@ def test_failing_kb_gives_500_and_service_keeps_serving():
             RemoteRetriever(url, "nope", retries=0).search(["x"], 1)
 
 
+class StrictRetriever(EchoRetriever):
+    """Encodes every query text as UTF-8, as a tokenizer does: one lone surrogate breaks the whole call. A query
+    containing `poison` breaks it too (a KB bug that only some inputs reach)."""
+
+    def search(self, queries, k=None):
+        self.calls.append(len(queries))
+        for q in as_queries(queries):
+            q.text.encode("utf-8")
+            if "poison" in q.text:
+                raise RuntimeError("segfault-ish: the index broke on this query")
+        return [[Hit(Doc(id=q.text, text=q.text, kb="echo"), 1.0, 0, "echo")] * k for q in as_queries(queries)]
+
+
+def post_together(url: str, bodies: list[bytes]) -> list[httpx.Response]:
+    """POST all bodies at once, so the service batches their queries together."""
+    out: list = [None] * len(bodies)
+
+    def one(i: int) -> None:
+        out[i] = httpx.post(url + "/search", content=bodies[i], headers={"content-type": "application/json"})
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(bodies))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return out
+
+
+def one_query(text: str, **extra) -> bytes:
+    return json.dumps({"queries": [{"kb": "echo", "text": text, **extra}]}).encode()
+
+
+def test_lone_surrogate_is_a_422_and_the_queries_batched_with_it_succeed():
+    kb = StrictRetriever()
+    with serve_in_thread(create_app({"echo": kb}, ServiceConfig(max_wait_ms=200))) as url:
+        *good, bad = post_together(url, [one_query(f"q{i}") for i in range(3)] + [one_query("\ud800")])
+    assert [r.status_code for r in good] == [200] * 3
+    assert bad.status_code == 422 and "queries[0].text: not valid Unicode" in bad.json()["error"]
+    assert sorted(r.json()["results"][0][0]["doc"]["id"] for r in good) == ["q0", "q1", "q2"]
+
+
+def test_a_query_that_breaks_the_kb_fails_alone():
+    kb = StrictRetriever()
+    with serve_in_thread(create_app({"echo": kb}, ServiceConfig(max_wait_ms=200))) as url:
+        *good, bad = post_together(url, [one_query(f"q{i}") for i in range(3)] + [one_query("poison")])
+        metrics = httpx.get(url + "/metrics").json()["kbs"]["echo"]
+    assert [r.status_code for r in good] == [200] * 3
+    assert bad.status_code == 500 and "queries[0]: search failed on KB 'echo'" in bad.json()["error"]
+    assert kb.calls[0] == 4 and kb.calls[1:] == [1, 1, 1, 1]  # batched once, then retried one by one
+    assert metrics["queries"] == 3 and metrics["errors"] == 1
+
+
+def test_a_decompression_bomb_image_is_a_422_before_any_kb_decodes_it(tmp_path):
+    from PIL import Image
+
+    bomb = tmp_path / "bomb.png"
+    Image.new("1", (10000, 10000)).save(bomb)  # ~12 KB on disk, 100 megapixels declared
+    assert bomb.stat().st_size < 100_000
+    ok = tmp_path / "ok.png"
+    Image.new("RGB", (8, 8)).save(ok)
+    kb = StrictRetriever()
+    with serve_in_thread(create_app({"echo": kb}, ServiceConfig(max_wait_ms=200))) as url:
+        good, bad = post_together(url, [one_query("q", image=str(ok)), one_query("q", image=str(bomb))])
+    assert (
+        bad.status_code == 422 and "queries[0].image" in bad.json()["error"] and "10000x10000" in bad.json()["error"]
+    )
+    assert good.status_code == 200
+
+
+def test_load_image_refuses_more_pixels_than_the_cap(tmp_path, monkeypatch):
+    from PIL import Image
+
+    import retrievers.media
+    from retrievers.media import ImageTooLarge, load_image
+
+    path = tmp_path / "big.png"
+    Image.new("RGB", (40, 30)).save(path)
+    assert load_image(path).size == (40, 30)
+    monkeypatch.setattr(retrievers.media, "MAX_IMAGE_PIXELS", 1000)
+    with pytest.raises(ImageTooLarge, match="40x30 = 1200 pixels; at most 1000"):
+        load_image(path)
+
+
+def test_health_is_503_while_a_batcher_is_down_and_it_comes_back(monkeypatch):
+    import retrievers.batching
+
+    monkeypatch.setattr(retrievers.batching, "RESTART_DELAY_S", 0.5)
+    app = create_app({"echo": EchoRetriever()})
+    with serve_in_thread(app) as url:
+        assert httpx.get(url + "/health").json()["batchers_down"] == []
+        task = app.state.batchers["echo"]._task
+        task.get_loop().call_soon_threadsafe(task.cancel)  # the loop dies unexpectedly
+        time.sleep(0.05)
+        down = httpx.get(url + "/health")
+        time.sleep(1.0)
+        up = httpx.get(url + "/health")
+        after = httpx.post(url + "/search", content=one_query("after"))
+    assert down.status_code == 503 and down.json()["batchers_down"] == ["echo"]
+    assert up.status_code == 200 and up.json()["batcher_restarts"] == 1
+    assert after.status_code == 200
+
+
 def test_client_retries_then_names_url_and_fix():
     url = "http://127.0.0.1:9"  # discard port: nothing listens on loopback
     client = RemoteRetriever(url, "text", timeout=1, retries=2, backoff=0.05)
