@@ -146,17 +146,24 @@ def run_main(argv: list[str] | None = None) -> int:
     """Run a question file in lockstep batches; trajectories stream to JSONL one finished record at a time."""
     from rich.progress import Progress
 
-    from agent.io import JsonlWriter, iter_jsonl, read_questions
+    from agent.io import JsonlWriter, prepare_resume, read_questions
 
     ap = argparse.ArgumentParser(prog="kbrouter run", description=run_main.__doc__)
     ap.add_argument("--questions", required=True, help="JSONL: id, question, optional image/answers")
     ap.add_argument("--out", required=True, help="trajectories JSONL (appended; finished ids are skipped on rerun)")
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--limit", type=int, help="only the first N questions")
+    ap.add_argument(
+        "--retry-errors",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="on rerun, run again the questions whose trajectory ended in an error such as backend_error "
+        "(default: on; --no-retry-errors keeps them as done)",
+    )
     add_common_args(ap)
     args = ap.parse_args(argv)
     questions = read_questions(args.questions)[: args.limit]
-    done = {r["id"] for r in iter_jsonl(args.out)} if Path(args.out).exists() else set()
+    done, retried = prepare_resume(args.out, retry_errors=args.retry_errors)
     todo = [q for q in questions if q.id not in done]
     agent, *_ = _setup(args)
     t0 = time.perf_counter()
@@ -173,7 +180,8 @@ def run_main(argv: list[str] | None = None) -> int:
         stops[t.stop_reason] = stops.get(t.stop_reason, 0) + 1
     dt = time.perf_counter() - t0
     print(
-        f"wrote {len(trajs)} trajectories to {args.out} ({len(done)} already there) in {dt:.1f} s; stop reasons {stops}"
+        f"wrote {len(trajs)} trajectories to {args.out} ({len(done)} already there, {retried} errored ones run "
+        f"again) in {dt:.1f} s; stop reasons {stops}"
     )
     return 0
 

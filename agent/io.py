@@ -103,6 +103,33 @@ def repair(path: Path) -> int:
     return len(data) - keep
 
 
+# stop reasons that say the run failed, not the model: such records are run again on resume
+ERROR_STOPS = frozenset({"backend_error"})
+
+
+def prepare_resume(path: str | Path, retry_errors: bool = True) -> tuple[set[str], int]:
+    """Make a trajectory file ready to append to; returns (ids finished there, records dropped for a retry).
+
+    A torn last line (a crash mid-write) is dropped first, so reading the finished ids cannot fail on it. With
+    `retry_errors`, records that ended in an error (`ERROR_STOPS`) are removed, so their questions run again:
+    the file is rewritten to a temporary name and renamed, never left half-written.
+    """
+    path = Path(path)
+    if not path.exists():
+        return set(), 0
+    repair(path)
+    records = list(iter_jsonl(path))
+    keep = [r for r in records if not (retry_errors and r.get("stop_reason") in ERROR_STOPS)]
+    if len(keep) < len(records):
+        tmp = path.with_name(f".{path.name}.resume-tmp")
+        with tmp.open("w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in keep)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    return {r["id"] for r in keep}, len(records) - len(keep)
+
+
 def iter_jsonl(path: str | Path) -> Iterator[dict]:
     """Records of a JSONL file; a broken line raises naming the file and line."""
     with Path(path).open(encoding="utf-8") as f:
