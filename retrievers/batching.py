@@ -78,7 +78,12 @@ class MicroBatcher:
         return self._task is not None and not self._task.done()
 
     def start(self) -> None:
+        """Start the loop on the running event loop (a fresh queue: a queue binds to the loop that first uses it)."""
         self._stopping = False
+        self.queue = asyncio.Queue()
+        self._spawn()
+
+    def _spawn(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name=self.name)
         self._task.add_done_callback(self._supervise)
 
@@ -89,7 +94,7 @@ class MicroBatcher:
         logger.error("%s: batching loop ended (%r); restarting", self.name, error, exc_info=error)
         self.restarts += 1
         # a short pause, so a loop that dies at once does not spin; `healthy` is False meanwhile
-        asyncio.get_running_loop().call_later(RESTART_DELAY_S, lambda: None if self._stopping else self.start())
+        asyncio.get_running_loop().call_later(RESTART_DELAY_S, lambda: None if self._stopping else self._spawn())
 
     async def stop(self) -> None:
         self._stopping = True

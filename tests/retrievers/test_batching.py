@@ -121,3 +121,15 @@ def test_wait_or_cancel_returns_results_and_exceptions_in_order():
 
     a, poison = run(main())
     assert a == "A" and isinstance(poison, ValueError)
+
+
+def test_a_batcher_can_be_started_again_on_a_new_event_loop():
+    b = MicroBatcher(upper)
+
+    async def once():
+        b.start()
+        answer = await b.submit("a", "")
+        await b.stop()
+        return answer
+
+    assert run(once()) == "A" and run(once()) == "A"  # e.g. one app served by two test clients in turn
