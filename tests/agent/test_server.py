@@ -30,7 +30,9 @@ class EchoPolicy:
         texts = []
         for conv in conversations:
             content = conv[-1]["content"]
-            texts.append(content if isinstance(content, str) else "".join(p["text"] for p in content))
+            texts.append(
+                content if isinstance(content, str) else "".join(p["text"] for p in content if p["type"] == "text")
+            )
         self.calls.append(texts)
         if self.gate is not None:
             self.gate.wait(10)
@@ -168,3 +170,21 @@ def test_health_reports_the_batcher_down_until_it_is_restarted(monkeypatch):
     assert down.status_code == 503 and down.json()["status"] == "unhealthy"
     assert up.status_code == 200 and up.json()["batcher_restarts"] == 1
     assert ok.status_code == 200
+
+
+def test_kbrouters_own_openai_client_passes_the_checks(tmp_path):
+    from PIL import Image
+
+    from agent.backends.base import SamplingParams
+    from agent.backends.openai_compat import OpenAICompatiblePolicy
+
+    img = tmp_path / "x.png"
+    Image.new("RGB", (4, 4)).save(img)
+    convs = [
+        [{"role": "system", "content": "s"}, {"role": "user", "content": "hello"}],
+        [{"role": "user", "content": [{"type": "image", "image": str(img)}, {"type": "text", "text": "what?"}]}],
+    ]
+    params = SamplingParams(max_new_tokens=448, temperature=0.7, top_p=0.9, top_k=20, seed=3, stop=("</a>", "</b>"))
+    with serve_in_thread(create_app(EchoPolicy())) as url:
+        outs = OpenAICompatiblePolicy(url + "/v1", "echo", retries=0).generate(convs, params)
+    assert [o.text for o in outs] == ["HELLO", "WHAT?"]
