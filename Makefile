@@ -25,6 +25,10 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	touch $@
 
 setup: $(VENV)/.installed
+	@# the page test (tests/agent/test_agent_page.py) drives Debian's chromium; installed here when we are root
+	@[ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ] || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; } || \
+		echo "note: the page test needs Debian's chromium: sudo apt-get install chromium chromium-driver"
 
 demo: setup
 	$(BIN)/kbrouter demo

@@ -13,6 +13,7 @@ COMMANDS = {
     "run": ("agent.cli", "run_main", "run a question file in lockstep batches, trajectories to JSONL"),
     "index": ("retrievers.build", "main", "build the indexes of a KB YAML file (reuses what is up to date)"),
     "serve": ("agent.server", "main", "serve a policy as an OpenAI-compatible chat-completions endpoint"),
+    "serve-agent": ("agent.agent_server", "main", "serve the agent as an OpenAI-compatible model, with a web page"),
     "serve-retrieval": ("retrievers.service", "main", "serve KBs over HTTP (batch search, metrics)"),
     "synth": ("data_synthesis.cli", "main", "synthesise trajectories with rejection sampling"),
     "synth-merge": ("data_synthesis.cli", "merge_main", "merge the shards of a synthesis run"),

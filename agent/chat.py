@@ -1,0 +1,145 @@
+"""Chat turns in, agent steps out: the conversions behind `kbrouter serve-agent` (`agent.agent_server`).
+
+- `question_text` turns an OpenAI conversation into one agent question: the last user turn, with up to a few earlier
+  turns as context, so a follow-up such as "and where was she born?" can be resolved.
+- `hit_card` is the structured form of a hit sent to clients (the `kbrouter` extension field): id, KB, score,
+  title, snippet, a table's rows, and a signed media link with its time span.
+- `public_trajectory` is a trajectory as clients see it: media paths replaced by links, uploads by their name, so no
+  server path leaves the server; it still reads back with `Trajectory.from_dict`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from agent.types import Trajectory
+from retrievers.security import MediaRoots
+from retrievers.types import Hit
+
+SNIPPET_CHARS = 300
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One chat message reduced to what the agent reads: role, text and image references (URLs as sent)."""
+
+    role: str
+    text: str
+    images: tuple[str, ...] = ()
+
+
+def question_text(turns: Sequence[Turn], max_context_turns: int = 4) -> str:
+    """The question the agent answers: the last user turn, prefixed by earlier exchanges as context.
+
+    Raises:
+        ValueError: the last message is not a user turn with text.
+    """
+    if not turns or turns[-1].role != "user":
+        raise ValueError("the last message must be the user's question (role 'user')")
+    question = " ".join(turns[-1].text.split())
+    if not question:
+        raise ValueError("the last user message has no text; ask a question (an image alone is not one)")
+    pairs: list[tuple[str, str]] = []
+    pending: str | None = None
+    for t in turns[:-1]:
+        text = " ".join(t.text.split())
+        if t.role == "user" and text:
+            if pending is not None:
+                pairs.append((pending, ""))
+            pending = text
+        elif t.role == "assistant" and pending is not None:
+            pairs.append((pending, text))
+            pending = None
+    if pending is not None:
+        pairs.append((pending, ""))
+    pairs = pairs[-max_context_turns:] if max_context_turns > 0 else []
+    if not pairs:
+        return question
+    context = " ".join(f'Earlier question: "{q}"' + (f' answered "{a}".' if a else ".") for q, a in pairs)
+    return f"{context} Now: {question}"
+
+
+def latest_images(turns: Sequence[Turn]) -> tuple[str, ...]:
+    """The images of the most recent user turn that has any (a follow-up about the same picture keeps it)."""
+    for t in reversed(turns):
+        if t.role == "user" and t.images:
+            return t.images
+    return ()
+
+
+def table_rows(text: str) -> dict | None:
+    """`{"header": [...], "rows": [[...], ...]}` from a linearised table (`| a | b |` lines), or None."""
+    lines = [line.strip() for line in text.splitlines() if line.strip().startswith("|")]
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
+    if not cells:
+        return None
+    return {"header": cells[0], "rows": cells[1:]}
+
+
+def hit_card(hit: Hit, media: MediaRoots | None) -> dict:
+    """A hit as clients receive it (see the module docstring)."""
+    doc = hit.doc
+    text = " ".join(doc.text.split())
+    card = {
+        "id": doc.id,
+        "kb": hit.kb,
+        "score": round(float(hit.score), 4),
+        "rank": hit.rank,
+        "title": doc.title,
+        "modality": doc.modality,
+        "snippet": text if len(text) <= SNIPPET_CHARS else text[: SNIPPET_CHARS - 1] + "…",
+        "table": table_rows(doc.text) if doc.modality == "table" else None,
+        "media": None,
+    }
+    if doc.media is not None:
+        link = media.link(doc.media.path) if media is not None else None
+        kind = "image" if doc.modality == "image" else "video"
+        card["media"] = {"url": link, "kind": kind, "start": doc.media.start, "end": doc.media.end}
+    return card
+
+
+def evidence_line(kb: str, cards: list[dict]) -> str:
+    """A one-line summary of a step's evidence, for the reasoning stream."""
+    if not cards:
+        return f"Evidence from {kb}: nothing found."
+    best = cards[0]
+    what = best["title"] or best["id"]
+    snippet = best["snippet"][:100] + ("…" if len(best["snippet"]) > 100 else "")
+    return f"Evidence from {kb}: {len(cards)} hits; best {what!r} (score {best['score']:.2f}): {snippet}"
+
+
+def public_trajectory(traj: Trajectory, media: MediaRoots | None) -> dict:
+    """`traj.to_dict()` with server paths replaced: media by their links (or None), question images by file name."""
+    d = traj.to_dict()
+    d["images"] = [f"upload:{p.rsplit('/', 1)[-1]}" for p in d["images"]]
+    for step in d["steps"]:
+        for h in step["hits"]:
+            m = h["doc"].get("media")
+            if m:
+                m["path"] = (media.link(m["path"]) if media is not None else None) or "unavailable"
+            h["doc"]["metadata"] = {k: v for k, v in h["doc"].get("metadata", {}).items() if k != "path"}
+    return d
+
+
+def reasoning_of(traj: Trajectory, kb_display: dict[str, str]) -> str:
+    """The whole reasoning text of a finished trajectory, as the stream sends it step by step."""
+    out = []
+    for s in traj.steps:
+        out.append(
+            plan_line(s.index, s.think, s.sub_question, kb_display.get(s.kb or "", s.kb), list(s.format_errors))
+        )
+        if s.sub_question is not None:
+            out.append(evidence_line(kb_display.get(s.kb or "", s.kb or ""), [hit_card(h, None) for h in s.hits]))
+            out.append(f"Answer {s.index + 1}: {s.answer}")
+    return "\n".join(out)
+
+
+def plan_line(index: int, think: str | None, sub_question: str | None, kb: str | None, errors: list[str]) -> str:
+    """The reasoning text of one plan: thought, sub-question and KB (or why the agent stops)."""
+    head = f"Step {index + 1}. Thought: {think or '(none)'}"
+    if errors:
+        return f"{head}\nThe reply broke the step format ({'; '.join(errors)})."
+    if sub_question is None:
+        return f"{head}\nEnough is known to answer."
+    return f"{head}\nSub-question: {sub_question}\nKnowledge base: {kb}"
