@@ -264,7 +264,7 @@ def create_agent_app(  # noqa: ANN201 (FastAPI app)
         pool.shutdown(wait=False, cancel_futures=True)
         uploads.close()
 
-    app = FastAPI(title="kbrouter agent server", lifespan=lifespan)
+    app = FastAPI(title="kbrouter agent server", lifespan=lifespan, redirect_slashes=False)
     app.state.stats = stats
 
     @app.get("/")

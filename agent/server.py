@@ -4,6 +4,11 @@ Concurrent requests with the same sampling settings are gathered for a few milli
 batch, so many clients (synthesis workers, eval shards) share one model efficiently (`retrievers.batching`).
 Bodies are checked by type and range before anything is queued (400 naming the field); a request whose generation
 fails fails alone; a client that disconnects before its turn costs no generation.
+
+Security (`retrievers.security`): `--api-key` (or `$KBROUTER_API_KEY`) is required as a Bearer token on every route;
+bodies over `--max-body-bytes` are a 413, more than `--max-concurrent` requests at once a 429. Images arrive as data
+URLs, checked for bytes and pixels and written to a server-owned folder; a path or `file://` URL is read only inside
+an `--image-root` folder, and `http(s)://` URLs are fetched only with `--allow-remote-images`.
 """
 
 import argparse
@@ -16,6 +21,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, Va
 
 from agent.backends.base import Policy, SamplingParams, supports_grammar
 from retrievers.batching import ClientGone, MicroBatcher, wait_or_cancel
+from retrievers.security import Guard, ImageLimits, ImageUploads, RequestLimits
 
 logger = logging.getLogger(__name__)
 
@@ -23,6 +29,7 @@ MAX_BATCH = 32
 GATHER_S = 0.01
 MAX_TOKENS_LIMIT = 8192
 MAX_STOPS = 16
+MAX_MESSAGES = 256
 
 
 def _utf8(text: str) -> str:
@@ -94,18 +101,23 @@ def validation_message(error: ValidationError) -> str:
     return "; ".join(lines[:5])
 
 
-def _to_kbrouter_messages(messages: list[ChatMessage]) -> list[dict]:
-    """OpenAI content parts → kbrouter's (`image_url` data/file URLs → `{"type": "image", "image": ...}`)."""
-    out = []
+def _to_kbrouter_messages(messages: list[ChatMessage], uploads: ImageUploads) -> list[dict]:
+    """OpenAI content parts → kbrouter's (`image_url` → `{"type": "image", "image": checked local path}`)."""
+    out, images = [], 0
     for m in messages:
         content = m.content
         if isinstance(content, list):
-            content = [
-                {"type": "text", "text": p.text}
-                if isinstance(p, TextPart)
-                else {"type": "image", "image": p.image_url.url if isinstance(p.image_url, ImageURL) else p.image_url}
-                for p in content
-            ]
+            parts = []
+            for p in content:
+                if isinstance(p, TextPart):
+                    parts.append({"type": "text", "text": p.text})
+                    continue
+                images += 1
+                if images > uploads.limits.max_images:
+                    raise ValueError(f"more than {uploads.limits.max_images} images in one request")
+                url = p.image_url.url if isinstance(p.image_url, ImageURL) else p.image_url
+                parts.append({"type": "image", "image": str(uploads.save(url))})
+            content = parts
         out.append({"role": m.role, "content": content})
     return out
 
@@ -141,13 +153,30 @@ def _status_of(error: BaseException) -> tuple[int, str]:
     return 500, f"generation failed: {error}"
 
 
-def create_app(policy: Policy, model_name: str | None = None, max_tokens_limit: int = MAX_TOKENS_LIMIT):  # noqa: ANN201 (FastAPI app)
-    """The FastAPI app: POST /v1/chat/completions, GET /v1/models, GET /health.
+def create_app(  # noqa: ANN201 (an ASGI app)
+    policy: Policy,
+    model_name: str | None = None,
+    max_tokens_limit: int = MAX_TOKENS_LIMIT,
+    *,
+    api_keys: tuple[str, ...] = (),
+    limits: RequestLimits | None = None,
+    max_messages: int = MAX_MESSAGES,
+    image_limits: ImageLimits | None = None,
+    image_roots: tuple[str, ...] = (),
+    allow_remote_images: bool = False,
+):
+    """The app: POST /v1/chat/completions, GET /v1/models, GET /health, behind `retrievers.security.Guard`.
 
     Args:
         policy: the backend that generates.
         model_name: the name clients send as `model` (default: the policy's).
-        max_tokens_limit: the largest `max_tokens` accepted (422 above), so one request cannot hold the model.
+        max_tokens_limit: the largest `max_tokens` accepted (400 above), so one request cannot hold the model.
+        api_keys: accepted Bearer keys (empty: open).
+        limits: body size (413) and concurrent requests (429).
+        max_messages: most messages in one request.
+        image_limits: bytes, pixels and count of a request's images.
+        image_roots: folders whose files a request may name by path (default none: data URLs only).
+        allow_remote_images: fetch `http(s)://` image URLs.
     """
     import contextlib
 
@@ -155,6 +184,7 @@ def create_app(policy: Policy, model_name: str | None = None, max_tokens_limit: 
     from fastapi.responses import JSONResponse
 
     name = model_name or policy.name
+    uploads = ImageUploads(limits=image_limits, allowed_roots=image_roots, allow_remote=allow_remote_images)
     batcher = MicroBatcher(policy.generate, name="policy-batcher", max_batch=MAX_BATCH, max_wait_s=GATHER_S)
 
     @contextlib.asynccontextmanager
@@ -162,6 +192,7 @@ def create_app(policy: Policy, model_name: str | None = None, max_tokens_limit: 
         batcher.start()
         yield
         await batcher.stop()
+        uploads.close()
 
     app = FastAPI(title="kbrouter policy server", lifespan=lifespan)
     app.state.batcher = batcher
@@ -179,6 +210,8 @@ def create_app(policy: Policy, model_name: str | None = None, max_tokens_limit: 
     def parse(body: object) -> tuple[list[dict], SamplingParams]:
         if not isinstance(body, dict):
             raise ValueError("body must be a JSON object with a non-empty 'messages' list")
+        if isinstance(body.get("messages"), list) and len(body["messages"]) > max_messages:
+            raise ValueError(f"messages: {len(body['messages'])} messages; at most {max_messages} are accepted")
         try:
             req = ChatRequest.model_validate(body)
         except ValidationError as e:
@@ -199,7 +232,7 @@ def create_app(policy: Policy, model_name: str | None = None, max_tokens_limit: 
             stop=() if grammar else (stop,) if isinstance(stop, str) else tuple(stop),
             grammar=grammar,
         )
-        return _to_kbrouter_messages(req.messages), params
+        return _to_kbrouter_messages(req.messages, uploads), params
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> JSONResponse:
@@ -239,12 +272,15 @@ def create_app(policy: Policy, model_name: str | None = None, max_tokens_limit: 
             }
         )
 
-    return app
+    guard = Guard(app, keys=api_keys, limits=limits)
+    guard.state = app.state
+    return guard
 
 
 def main(argv: list[str] | None = None) -> int:
     """Serve a policy over HTTP (OpenAI chat-completions API)."""
     from agent.backends.factory import PolicyConfig, make_policy
+    from retrievers.security import add_security_args, resolve_api_keys, warn_if_exposed
 
     ap = argparse.ArgumentParser(prog="kbrouter serve", description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2", help="hub name, local folder, or `smollm2` (default)")
@@ -254,11 +290,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--max-tokens-limit", type=int, default=MAX_TOKENS_LIMIT, help="largest max_tokens accepted")
+    ap.add_argument("--max-messages", type=int, default=MAX_MESSAGES, help="most messages in one request")
+    ap.add_argument(
+        "--image-root", action="append", default=[], help="a folder whose images requests may name by path"
+    )
+    ap.add_argument("--allow-remote-images", action="store_true", help="fetch http(s) image URLs sent by clients")
+    add_security_args(ap, RequestLimits.max_body_bytes * 16, RequestLimits.max_concurrent)
     args = ap.parse_args(argv)
     import uvicorn
 
+    keys = resolve_api_keys(args.api_key)
     policy = make_policy(PolicyConfig(backend=args.backend, model=args.model, dtype=args.dtype))
-    app = create_app(policy, args.served_model_name or args.model, args.max_tokens_limit)
+    app = create_app(
+        policy,
+        args.served_model_name or args.model,
+        args.max_tokens_limit,
+        api_keys=keys,
+        limits=RequestLimits(args.max_body_bytes, args.max_concurrent),
+        max_messages=args.max_messages,
+        image_roots=tuple(args.image_root),
+        allow_remote_images=args.allow_remote_images,
+    )
+    warning = warn_if_exposed(args.host, keys, "kbrouter serve")
+    if warning:
+        print(f"WARNING: {warning}")  # noqa: T201 - the person starting the server must see it
     print(f"serving {args.model} at http://{args.host}:{args.port}/v1 (OpenAI chat completions)")  # noqa: T201 - the one line a person starting the server reads
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0

@@ -17,6 +17,7 @@ failed) `RuntimeError`, each with the service's message.
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 from retrievers.types import Hit, Query, as_queries
@@ -34,6 +35,7 @@ class RemoteRetriever:
         retries: extra attempts after a connection error, timeout or 503.
         backoff: first back-off in seconds; doubled after every failed attempt.
         max_queries: queries per request (the service's `max_queries` bound); larger batches are split.
+        api_key: Bearer key of a service started with `--api-key` (default: the first of `$KBROUTER_API_KEY`).
     """
 
     def __init__(
@@ -44,6 +46,7 @@ class RemoteRetriever:
         retries: int = 3,
         backoff: float = 0.5,
         max_queries: int = 512,
+        api_key: str | None = None,
     ) -> None:
         try:
             import httpx
@@ -58,7 +61,9 @@ class RemoteRetriever:
         self.backoff = backoff
         self.max_queries = max_queries
         self._httpx = httpx
-        self._client = httpx.Client(base_url=self.url, timeout=timeout)
+        key = api_key or next(iter(os.environ.get("KBROUTER_API_KEY", "").split(",")), "").strip()
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self._client = httpx.Client(base_url=self.url, timeout=timeout, headers=headers)
 
     def close(self) -> None:
         """Close the HTTP connection pool."""

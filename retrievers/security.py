@@ -287,7 +287,7 @@ class ImageUploads:
                 )
             return self._store(*self._fetch(url))
         path = Path(unquote(url[len("file://") :]) if url.lower().startswith("file://") else url)
-        inside = _inside(path, self.allowed_roots) if self.allowed_roots else None
+        inside = inside_roots(path, self.allowed_roots) if self.allowed_roots else None
         if inside is None:
             raise ValueError(
                 "images must be sent inline as data URLs (data:image/png;base64,...); this server reads no local "
@@ -358,7 +358,7 @@ def decode_data_url(url: str, max_bytes: int) -> tuple[bytes, str]:
 # -- media served from the KBs' folders ---------------------------------------------------------------------------
 
 
-def _inside(path: Path, roots: Sequence[Path]) -> Path | None:
+def inside_roots(path: Path, roots: Sequence[Path]) -> Path | None:
     """The real path of `path` if it exists and lies inside one of `roots` (symlinks resolved), else None."""
     try:
         real = path.resolve(strict=True)
@@ -384,7 +384,7 @@ class MediaRoots:
 
     def link(self, path: str | os.PathLike) -> str | None:
         """The signed URL path of a media file, or None when it is not inside a media folder."""
-        real = _inside(Path(path), self.roots)
+        real = inside_roots(Path(path), self.roots)
         if real is None:
             return None
         for i, root in enumerate(self.roots):
@@ -421,7 +421,7 @@ class MediaRoots:
         if rel.startswith("/") or "\\" in rel or "\x00" in rel or any(p in ("..", "") for p in parts):
             raise PermissionError("media paths are relative to a KB's media folder, without `..`")
         root = self.roots[index]
-        real = _inside(root / rel, [root])
+        real = inside_roots(root / rel, [root])
         if real is None:
             if (root / rel).exists():
                 raise PermissionError("that file is outside the KB's media folder")

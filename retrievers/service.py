@@ -12,6 +12,10 @@ Endpoints::
     GET  /health   {"status": "ok", ...}
     GET  /metrics  request counts by status, per-KB query counts and p50/p99 latency, batch sizes
 
+Security (`retrievers.security`): with `--api-key` (or `$KBROUTER_API_KEY`) every route needs the Bearer key (401);
+more than `max_concurrent` requests at once get a 429; a query image must be a file inside a KB media folder or an
+`--image-root` (the service reads no other path a client names, and fetches no URL).
+
 Bad requests get a 4xx with a message (413 body too large, 422 malformed or out of bounds, 404 unknown KB);
 the service keeps serving. A query that breaks its KB's search fails only its own request (batching,
 `retrievers.batching`), and `/health` is 503 while a KB's batcher is down (it is restarted). Run it (CPU or GPU, whatever the KBs use)::
@@ -34,11 +38,13 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from retrievers.batching import ClientGone, MicroBatcher, QueueFull, wait_or_cancel
 from retrievers.media import ImageTooLarge, MediaError, check_image_pixels
+from retrievers.security import Guard, RequestLimits, inside_roots
 from retrievers.types import Query, Retriever
 
 logger = logging.getLogger(__name__)
@@ -56,9 +62,18 @@ class ServiceConfig:
     max_wait_ms: float = field(default=5.0, metadata={"help": "How long a micro-batch waits for more queries."})
     max_pending: int = field(default=8192, metadata={"help": "Queued queries per KB before answering 503."})
     latency_window: int = field(default=10000, metadata={"help": "Latencies kept per KB for p50/p99."})
+    max_concurrent: int = field(default=256, metadata={"help": "Requests handled at once (429 above)."})
 
     def __post_init__(self) -> None:
-        for key in ("max_body_bytes", "max_queries", "max_text_chars", "max_k", "max_batch", "max_pending"):
+        for key in (
+            "max_body_bytes",
+            "max_queries",
+            "max_text_chars",
+            "max_k",
+            "max_batch",
+            "max_pending",
+            "max_concurrent",
+        ):
             value = getattr(self, key)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"ServiceConfig `{key}` must be a positive integer, got {value!r}")
@@ -75,8 +90,16 @@ class RequestError(Exception):
         self.message = message
 
 
-def parse_search_request(body: bytes, kbs: dict[str, Retriever], default_k: dict[str, int], cfg: ServiceConfig):
-    """Validate a /search body into `[(kb, Query, k), ...]`; raises `RequestError` naming the first problem."""
+def parse_search_request(
+    body: bytes,
+    kbs: dict[str, Retriever],
+    default_k: dict[str, int],
+    cfg: ServiceConfig,
+    image_roots: list[Path] | None = None,
+):
+    """Validate a /search body into `[(kb, Query, k), ...]`; raises `RequestError` naming the first problem.
+
+    `image_roots`, when given, are the only folders a query image may lie in (403 otherwise)."""
     try:
         data = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -115,6 +138,15 @@ def parse_search_request(body: bytes, kbs: dict[str, Retriever], default_k: dict
             raise RequestError(422, f"{where}.image: expected a path string or null, got {type(image).__name__}")
         if image is not None:
             _check_unicode(image, f"{where}.image")
+            if image_roots is not None:
+                real = inside_roots(Path(image), image_roots)
+                if real is None:
+                    raise RequestError(
+                        403,
+                        f"{where}.image: not a file inside this service's image folders (its KBs' media folders "
+                        "and --image-root); the service reads no other path and fetches no URL",
+                    )
+                image = str(real)
             _check_image(image, f"{where}.image")
         if k is None:
             k = default_k.get(kb, 5)
@@ -213,13 +245,18 @@ def create_app(
     kbs: dict[str, Retriever],
     config: ServiceConfig | None = None,
     kb_info: dict[str, dict] | None = None,
+    *,
+    api_keys: tuple[str, ...] = (),
+    image_roots: list[str | Path] | None = None,
 ):
-    """The FastAPI app serving `kbs` (name -> retriever).
+    """The app serving `kbs` (name -> retriever), behind `retrievers.security.Guard`.
 
     Args:
         kbs: loaded retrievers by KB name (what clients send as `kb`).
         config: bounds and batching; defaults to `ServiceConfig()`.
         kb_info: optional facts per KB for GET /kbs (e.g. display_name, kind, k); `k` is the default k.
+        api_keys: accepted Bearer keys (empty: open).
+        image_roots: folders query images must lie in (None: any path, for in-process use; the CLI always sets it).
     """
     try:
         from fastapi import FastAPI, Request
@@ -228,6 +265,7 @@ def create_app(
         raise ImportError("the retrieval service needs FastAPI and uvicorn: pip install fastapi uvicorn") from e
 
     cfg = config or ServiceConfig()
+    roots = None if image_roots is None else [Path(r).resolve() for r in image_roots]
     info = {name: dict((kb_info or {}).get(name, {})) for name in kbs}
     default_k = {name: int(info[name].get("k", 5)) for name in kbs}
     stats = {name: KBStats(cfg.latency_window) for name in kbs}
@@ -267,7 +305,7 @@ def create_app(
         t0 = time.perf_counter()
         try:
             body = await _read_body(request, cfg.max_body_bytes)
-            parsed = parse_search_request(body, kbs, default_k, cfg)
+            parsed = parse_search_request(body, kbs, default_k, cfg, roots)
             futures = [stats[kb].watch(batchers[kb].submit(q, k)) for kb, q, k in parsed]
         except RequestError as e:
             return reply(e.status, {"error": e.message})
@@ -314,7 +352,11 @@ def create_app(
             },
         )
 
-    return app
+    # the handler's own body check answers in this service's format; the guard's (twice as loose) is the backstop
+    limits = RequestLimits(max_body_bytes=2 * cfg.max_body_bytes, max_concurrent=cfg.max_concurrent)
+    guard = Guard(app, keys=api_keys, limits=limits)
+    guard.state = app.state
+    return guard
 
 
 @contextlib.contextmanager
@@ -359,6 +401,12 @@ def main(argv: list[str] | None = None) -> int:
     for f in ("max_body_bytes", "max_queries", "max_k", "max_batch", "max_wait_ms"):
         default = ServiceConfig.__dataclass_fields__[f].default
         parser.add_argument("--" + f.replace("_", "-"), type=type(default), default=default)
+    parser.add_argument(
+        "--image-root", action="append", default=[], help="a folder query images may lie in (besides the KBs' media)"
+    )
+    parser.add_argument("--api-key", action="append", default=None, metavar="KEY",
+                        help="accept `Authorization: Bearer KEY` (repeatable; also $KBROUTER_API_KEY)")  # fmt: skip
+    parser.add_argument("--max-concurrent", type=int, default=ServiceConfig.max_concurrent)
     parser.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
@@ -368,6 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     from retrievers.config import load_kb_configs
     from retrievers.kb import build_kb, load_kb
     from retrievers.replay import Recording, Replay
+    from retrievers.security import kb_media_folders, resolve_api_keys, warn_if_exposed
 
     configs = load_kb_configs(args.kb)
     if args.only:
@@ -390,9 +439,13 @@ def main(argv: list[str] | None = None) -> int:
         for c in configs
     }
     cfg = ServiceConfig(
-        **{f: getattr(args, f) for f in ("max_body_bytes", "max_queries", "max_k", "max_batch", "max_wait_ms")}
-    )
-    app = create_app(kbs, cfg, info)
+        **{f: getattr(args, f) for f in ("max_body_bytes", "max_queries", "max_k", "max_batch", "max_wait_ms",
+                                         "max_concurrent")}
+    )  # fmt: skip
+    keys = resolve_api_keys(args.api_key)
+    roots = [*kb_media_folders(configs), *args.image_root]
+    app = create_app(kbs, cfg, info, api_keys=keys, image_roots=roots)
+    warn_if_exposed(args.host, keys, "kbrouter serve-retrieval")
     logger.info("retrieval service on http://%s:%d (KBs: %s)", args.host, args.port, ", ".join(kbs))
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level.lower(), access_log=False)
     return 0
