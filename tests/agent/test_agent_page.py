@@ -93,6 +93,15 @@ def test_a_text_question_streams_steps_kb_badge_evidence_and_answer(browser, tmp
         ask(browser, "And which one came second?")
         wait_for(browser, ".final-answer", count=2)
         assert any("Earlier question" in s for s in setups[0].policy.seen)
+        # a clip hit plays from its start time (a media fragment on its signed link)
+        browser.find_element(By.ID, "new-chat").click()
+        ask(browser, "In which clip does Popeye sing?")
+        wait_for(browser, ".final-answer")
+        video = wait_for(browser, ".evidence-card video")[0]
+        assert video.get_attribute("src").endswith("#t=12.5,20") and "clip 12.5s–20.0s" in browser.page_source
+        browser.find_element(By.ID, "new-chat").click()
+        ask(browser, "Which nation won the most gold medals in the table?")
+        wait_for(browser, ".final-answer")
         screenshot(browser, tmp_path, "agent_page_text.png")
 
 

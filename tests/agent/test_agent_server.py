@@ -179,3 +179,11 @@ def test_a_cancelled_stream_stops_the_agent_and_frees_its_slot(tmp_path):
     assert calls <= 2, f"the agent went on after its client left ({calls} generations)"
     assert health["cancelled"] == 1 and app.in_flight == 0
     assert ok.choices[0].message.content
+
+
+def test_cli_help_exits_zero(capsys):
+    from agent.agent_server import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0 and "--api-key" in capsys.readouterr().out
