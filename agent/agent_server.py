@@ -36,7 +36,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
@@ -44,16 +44,13 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from agent.backends.base import BackendError, Completion, Policy, SamplingParams, supports_grammar
+from agent.backends.factory import PolicyConfig
 from agent.chat import (
     Turn,
-    evidence_line,
-    hit_card,
     latest_images,
-    plan_line,
-    public_trajectory,
     question_text,
-    reasoning_of,
 )
+from agent.completions import completion, stream_chunks
 from agent.kbs import KnowledgeBase
 from agent.loop import AgentConfig, Question, StepAgent
 from agent.server import ChatMessage, ImageURL, TextPart, validation_message
@@ -392,7 +389,7 @@ def create_agent_app(  # noqa: ANN201 (FastAPI app)
         cid, created = f"chatcmpl-{uuid.uuid4().hex[:12]}", int(time.time())
         if stream:
             return StreamingResponse(
-                _stream(run, cancelled, events, setup.name, cid, created, media, kbs, stats),
+                stream_chunks(run, cancelled, events, setup.name, cid, created, media, kbs, stats),
                 media_type="text/event-stream",
                 headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
             )
@@ -415,7 +412,7 @@ def create_agent_app(  # noqa: ANN201 (FastAPI app)
         if traj.stop_reason == "backend_error":
             stats["errors"] += 1
             return _error(502, f"the policy or a KB failed: {traj.metadata.get('error', '')}", "server_error")
-        payload = _completion(cid, created, setup.name, traj, media, kbs)
+        payload = completion(cid, created, setup.name, traj, media, kbs)
         return JSONResponse(payload)
 
     guard = Guard(app, keys=api_keys, limits=RequestLimits(lim.max_body_bytes, lim.max_concurrent), public={"/"},
@@ -430,119 +427,52 @@ def _model_card(s: AgentSetup) -> dict:
     return {"id": s.name, "object": "model", "owned_by": "kbrouter", "description": s.description, "kbrouter": info}
 
 
-def _steps(traj: Trajectory, media: MediaRoots, kbs: dict[str, KnowledgeBase]) -> list[dict]:
-    display = {kb.name: d for d, kb in kbs.items()}
-    return [
-        {
-            "index": s.index,
-            "think": s.think,
-            "sub_question": s.sub_question,
-            "kb": display.get(s.kb or "", s.kb),
-            "kb_name": s.kb,
-            "answer": s.answer,
-            "format_errors": list(s.format_errors),
-            "hits": [hit_card(h, media) for h in s.hits],
-        }
-        for s in traj.steps
-    ]
+def load_setups(
+    args: argparse.Namespace,
+    make_policy: Callable[[PolicyConfig], Policy],
+    load_kbs: Callable[[str], dict[str, KnowledgeBase]],
+) -> tuple[list[AgentSetup], list[str]]:
+    """The setups the flags ask for, and their KB files: the main one (`--kb`, `--config`, policy flags) and one per
+    `--setup NAME=CONFIG` (a `--config` YAML with `policy`, `agent` and `kb`). Equal policy configs share one loaded
+    policy (and one batcher), equal KB files one loaded KB set."""
+    from agent.cli import resolve_configs
 
-
-def _usage(traj: Trajectory) -> dict:
-    p, c = int(traj.metadata.get("prompt_tokens", 0)), int(traj.metadata.get("completion_tokens", 0))
-    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
-
-
-def _completion(cid: str, created: int, model: str, traj: Trajectory, media: MediaRoots, kbs: dict) -> dict:
-    display = {kb.name: d for d, kb in kbs.items()}
-    message = {"role": "assistant", "content": traj.final_answer, "reasoning_content": reasoning_of(traj, display)}
-    return {
-        "id": cid,
-        "object": "chat.completion",
-        "created": created,
-        "model": model,
-        "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
-        "usage": _usage(traj),
-        "kbrouter": {"trajectory": public_trajectory(traj, media), "steps": _steps(traj, media, kbs)},
-    }
-
-
-async def _stream(run, cancelled, events, model, cid, created, media, kbs, stats):  # noqa: ANN001, ANN202
-    """Server-sent events for one running agent: role, reasoning deltas per event, the answer, `[DONE]`."""
-
-    def chunk(delta: dict, ext: dict | None = None, finish: str | None = None) -> str:
-        payload = {
-            "id": cid,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-        }
-        if ext is not None:
-            payload["kbrouter"] = ext
-        return f"data: {json.dumps(payload)}\n\n"
-
-    finished = False
-    try:
-        yield chunk({"role": "assistant", "content": ""})
-        while True:
-            get = asyncio.ensure_future(events.get())
-            done, _ = await asyncio.wait({get, run}, return_when=asyncio.FIRST_COMPLETED)
-            if get not in done:
-                get.cancel()
-                if events.empty():
-                    break
-                continue
-            event, p = get.result()
-            if event == "plan":
-                kb = p.get("kb")
-                ext = {"event": "plan", **p, "kb_name": kbs[kb].name if kb in kbs else None}
-                text = plan_line(p["step"], p.get("think"), p.get("sub_question"), kb, p.get("errors", []))
-                yield chunk({"reasoning_content": text + "\n"}, ext)
-            elif event == "evidence":
-                cards = [hit_card(h, media) for h in p["hits"]]
-                ext = {"event": "evidence", "step": p["step"], "kb": p["kb"], "hits": cards}
-                ext["kb_name"] = cards[0]["kb"] if cards else None
-                yield chunk({"reasoning_content": evidence_line(p["kb"], cards) + "\n"}, ext)
-            elif event == "answer":
-                ext = {"event": "answer", **p}
-                yield chunk({"reasoning_content": f"Answer {p['step'] + 1}: {p['answer']}\n\n"}, ext)
-        try:
-            traj = run.result()
-        except Exception as e:
-            stats["errors"] += 1
-            logger.exception("agent run failed")
-            yield f"data: {json.dumps(error_payload(f'the agent failed: {e}', 'server_error'))}\n\n"
-            yield "data: [DONE]\n\n"
-            finished = True
-            return
-        if traj.stop_reason == "backend_error":
-            stats["errors"] += 1
-            message = f"the policy or a KB failed: {traj.metadata.get('error', '')}"
-            yield f"data: {json.dumps(error_payload(message, 'server_error'))}\n\n"
-        else:
-            yield chunk({"content": traj.final_answer})
-            final = {
-                "event": "final",
-                "answer": traj.final_answer,
-                "stop_reason": traj.stop_reason,
-                "trajectory": public_trajectory(traj, media),
-                "steps": _steps(traj, media, kbs),
-            }
-            yield chunk({}, final, finish="stop")
-        yield "data: [DONE]\n\n"
-        finished = True
-    finally:
-        cancelled.set()
-        if not finished:
-            stats["cancelled"] += 1
+    specs = [(args.name, args)]
+    for item in args.setup:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f"--setup {item!r}: expected NAME=CONFIG_YAML, e.g. --setup vl=configs/agent/vl.yaml")
+        blank = argparse.Namespace(**{k: None for k in vars(args)})
+        specs.append((name, argparse.Namespace(**{**vars(blank), "config": path})))
+    policies: dict[PolicyConfig, Policy] = {}
+    kb_sets: dict[str, dict[str, KnowledgeBase]] = {}
+    setups = []
+    for name, ns in specs:
+        pol_cfg, agent_cfg, kb_file = resolve_configs(ns)
+        if pol_cfg not in policies:
+            policies[pol_cfg] = make_policy(pol_cfg)
+        if kb_file not in kb_sets:
+            kb_sets[kb_file] = load_kbs(kb_file)
+        vision = ns.vision if ns.vision is not None else pol_cfg.backend == "vl"
+        setups.append(
+            AgentSetup(
+                name or f"kbrouter-{Path(kb_file).stem}",
+                policies[pol_cfg],
+                kb_sets[kb_file],
+                agent_cfg,
+                vision=vision,
+                description=f"{pol_cfg.model} ({pol_cfg.backend}) over {Path(kb_file).name}",
+            )
+        )
+    return setups, list(kb_sets)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Load a policy and a KB set and serve the agent (OpenAI chat completions and the page)."""
+    """Load the policies and KB sets and serve the agent (OpenAI chat completions and the page)."""
     import uvicorn
 
     from agent.backends.factory import make_policy
-    from agent.cli import add_common_args, resolve_configs
+    from agent.cli import add_common_args
     from agent.kbs import load_knowledge_bases
     from retrievers.config import load_kb_configs
     from retrievers.security import add_security_args, kb_media_folders, resolve_api_keys, warn_if_exposed
@@ -550,6 +480,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="kbrouter serve-agent", description=__doc__.splitlines()[0])
     add_common_args(ap)
     ap.add_argument("--name", help="the model name clients send (default: kbrouter-<KB file stem>)")
+    ap.add_argument("--setup", action="append", default=[], metavar="NAME=CONFIG",
+                    help="serve another model NAME from a --config YAML (policy, agent, kb); repeatable")  # fmt: skip
     ap.add_argument("--vision", action=argparse.BooleanOptionalAction, default=None,
                     help="the policy reads images (default: on for --backend vl)")  # fmt: skip
     ap.add_argument("--host", default="127.0.0.1", help="bind address (default loopback)")
@@ -567,12 +499,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.kb and not args.config:
         ap.error("pass --kb configs/kb/NAME.yaml (or --config with a `kb:` key)")
     keys = resolve_api_keys(args.api_key)
-    pol_cfg, agent_cfg, kb_file = resolve_configs(args)
-    kbs = load_knowledge_bases(kb_file)
-    policy = make_policy(pol_cfg)
-    vision = args.vision if args.vision is not None else pol_cfg.backend == "vl"
-    name = args.name or f"kbrouter-{Path(kb_file).stem}"
-    setup = AgentSetup(name, policy, kbs, agent_cfg, vision=vision, description=f"{pol_cfg.model} over {kb_file}")
+    setups, kb_files = load_setups(args, make_policy, load_knowledge_bases)
     limits = AgentServerLimits(
         max_body_bytes=args.max_body_bytes,
         max_concurrent=args.max_concurrent,
@@ -581,17 +508,15 @@ def main(argv: list[str] | None = None) -> int:
         max_steps=args.max_steps_limit,
         images=ImageLimits(max_bytes=args.max_image_bytes, max_pixels=args.max_image_pixels),
     )
+    media = [folder for f in kb_files for folder in kb_media_folders(load_kb_configs(f))]
     app = create_agent_app(
-        [setup],
-        api_keys=keys,
-        limits=limits,
-        media_roots=kb_media_folders(load_kb_configs(kb_file)),
-        allow_remote_images=args.allow_remote_images,
+        setups, api_keys=keys, limits=limits, media_roots=media, allow_remote_images=args.allow_remote_images
     )
     warning = warn_if_exposed(args.host, keys, "kbrouter serve-agent")
     if warning:
         print(f"WARNING: {warning}")  # noqa: T201 - the person starting the server must see it
-    print(f"serving agent {name!r} at http://{args.host}:{args.port}/ (page) and /v1 (OpenAI chat completions)")  # noqa: T201
+    names = ", ".join(s.name for s in setups)
+    print(f"serving {names} at http://{args.host}:{args.port}/ (page) and /v1 (OpenAI chat completions)")  # noqa: T201
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
 

@@ -187,3 +187,39 @@ def test_cli_help_exits_zero(capsys):
     with pytest.raises(SystemExit) as e:
         main(["--help"])
     assert e.value.code == 0 and "--api-key" in capsys.readouterr().out
+
+
+def test_setups_from_flags_share_equal_policies_and_kb_sets(tmp_path):
+    import argparse
+
+    from agent.agent_server import load_setups
+    from agent.cli import add_common_args
+
+    kb_file = tmp_path / "kbs.yaml"
+    kb_file.write_text("knowledge_bases: []\n")
+    same = tmp_path / "same.yaml"
+    same.write_text(f"kb: {kb_file}\npolicy: {{backend: transformers, model: smollm2}}\nagent: {{max_steps: 1}}\n")
+    vl = tmp_path / "vl.yaml"
+    vl.write_text(f"kb: {kb_file}\npolicy: {{backend: vl, model: tiny-vl}}\n")
+    ap = argparse.ArgumentParser()
+    add_common_args(ap)
+    ap.add_argument("--name")
+    ap.add_argument("--setup", action="append", default=[])
+    ap.add_argument("--vision", default=None)
+    args = ap.parse_args(
+        ["--kb", str(kb_file), "--model", "smollm2", "--setup", f"short={same}", "--setup", f"eyes={vl}"]
+    )
+    made, loaded = [], []
+
+    def make_policy(cfg):  # noqa: ANN001, ANN202
+        made.append(cfg)
+        return StepPolicy()
+
+    setups, kb_files = load_setups(args, make_policy, lambda f: loaded.append(f) or {})
+    assert [s.name for s in setups] == ["kbrouter-kbs", "short", "eyes"]
+    assert [s.vision for s in setups] == [False, False, True]
+    assert [s.config.max_steps for s in setups] == [3, 1, 3]
+    assert len(made) == 2 and setups[0].policy is setups[1].policy  # one SmolLM2 for both text setups
+    assert loaded == [str(kb_file)] and kb_files == [str(kb_file)]
+    with pytest.raises(ValueError, match="NAME=CONFIG_YAML"):
+        load_setups(ap.parse_args(["--kb", str(kb_file), "--setup", "nameless"]), make_policy, lambda f: {})
