@@ -223,3 +223,20 @@ def test_setups_from_flags_share_equal_policies_and_kb_sets(tmp_path):
     assert loaded == [str(kb_file)] and kb_files == [str(kb_file)]
     with pytest.raises(ValueError, match="NAME=CONFIG_YAML"):
         load_setups(ap.parse_args(["--kb", str(kb_file), "--setup", "nameless"]), make_policy, lambda f: {})
+
+
+def test_a_non_streaming_client_that_leaves_stops_the_agent(tmp_path):
+    gate = threading.Event()
+    policy = StepPolicy(gate=gate)
+    setups, media = make_setups(tmp_path, policy, max_steps=6)
+    app = create_agent_app(setups, media_roots=[media])
+    with serve_in_thread(app) as url:
+        body = {"model": "kbrouter-demo", "messages": [{"role": "user", "content": "Who is Marie?"}]}
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(url + "/v1/chat/completions", json=body, timeout=0.5)
+        time.sleep(0.5)  # the server notices the disconnect
+        gate.set()
+        time.sleep(1.0)
+        health = httpx.get(url + "/health", timeout=10).json()
+    assert len(policy.seen) == 1, "the agent went on after its client left"
+    assert health["cancelled"] == 1 and app.in_flight == 0

@@ -299,3 +299,15 @@ def test_serve_retrieval_reads_query_images_only_inside_its_folders(tmp_path):
     assert ok.status_code == 200 and kb.queries[-1].image == str((inside / "a.png").resolve())
     assert [r.status_code for r in refused] == [403, 403, 403]
     assert "image folders" in refused[0].json()["error"]
+
+
+def test_remote_retriever_sends_the_key_from_the_environment(monkeypatch):
+    from retrievers.remote import RemoteRetriever
+
+    kb = DocRetriever("text", [])
+    with serve_in_thread(create_retrieval_app({"text": kb}, api_keys=(KEY,))) as url:
+        monkeypatch.setenv("KBROUTER_API_KEY", f"{KEY},{OTHER}")
+        assert RemoteRetriever(url, "text", retries=0).search(["q"], 1) == [[]]
+        monkeypatch.setenv("KBROUTER_API_KEY", "wrong-key-000")
+        with pytest.raises(Exception, match="401"):
+            RemoteRetriever(url, "text", retries=0).search(["q"], 1)
