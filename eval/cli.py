@@ -10,7 +10,8 @@ GPU (the paper's setting, vLLM):
     kbrouter eval --config configs/eval/paper_full_vllm.yaml
 
 Predictions are cached in `<output_dir>/cache.jsonl`: rerunning after an interruption, or with more datasets,
-methods or questions, computes only what is missing.
+methods or questions, computes only what is missing (and what failed, or was made from other settings, rows or KB
+indexes). Scores always use the current gold. `--report_only` reads the cache and writes only the report.
 """
 
 from __future__ import annotations
@@ -85,12 +86,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     for m in results["methods"]:
         r = results["macro"][m]
-        if "answer/f1_recall" not in r:
+        if "run/error" not in r:
             print(f"  {m:<22} (no predictions yet)")  # noqa: T201
             continue
         print(
             f"  {m:<22} F1-R {100 * r.get('answer/f1_recall', 0):5.1f}  EM {100 * r.get('answer/em', 0):5.1f}  "  # noqa: T201
-            f"steps {r.get('cost/steps', 0):.2f}  tok {r.get('cost/gen_tokens', 0):.0f}"
+            f"steps {r.get('cost/steps', 0):.2f}  tok {r.get('cost/gen_tokens', 0):.0f}  "
+            f"errors {100 * r['run/error']:.1f}% (left out of the scores; rerun to retry them)"
         )
     return 0
 

@@ -140,6 +140,7 @@ def write_report(
                     routes=m in routing_methods,
                     retrieves=m != "no_retrieval",
                     step_protocol=m in AGENT_METHODS or m in variants,
+                    question=q,
                 )
                 rows.append(scores)
                 traj = Trajectory.from_dict(rec["trajectory"])
@@ -218,7 +219,8 @@ def render_markdown(results: dict, loaded: list[LoadedDataset], groups: dict[str
         "F1-recall = 1 elsewhere, R@k = gold evidence found among the retrieved hits, Route = share of a question's "
         "retrieval steps sent to the gold KB (0 if never looked up), Route/step = retrieval steps sent to the gold "
         "KB, pooled over steps, Valid steps = generated plan/answer/final outputs that parsed with no format error "
-        "(the baselines: their tagged answer only; see `eval.scoring`).",
+        "(the baselines: their tagged answer only; see `eval.scoring`). Errors = questions whose prediction failed "
+        "(a backend or retrieval error): they are left out of every other figure and recomputed on the next run.",
         "",
     ]
     out += ["| dataset | group | loader | questions | questions from | status |", "|---|---|---|---:|---|---|"]

@@ -2,12 +2,24 @@
 
 The cache is `<output_dir>/cache.jsonl`, one record per (dataset, method, question) appended as each lockstep batch
 finishes; a rerun (after an interruption, or with more datasets, methods or questions) reads it and computes only
-what is missing. A cached record made under other settings (its `fingerprint` differs) is recomputed.
+what is missing. A cached record is reused only while everything its prediction depends on is unchanged:
+
+- `fingerprint` (`EvalConfig.fingerprint`): the method, its policy settings and weights (files' sizes and mtimes),
+  its loop, prompt and sampling settings;
+- `inputs` (`prediction_inputs`): the question row as the method sees it (wording, images, non-gold columns), the
+  KBs' identities (their manifests: corpus hash, build time, document count) and the seed.
+
+A record that ended in an error (a backend or retrieval failure) is recomputed on the next run. The gold answers,
+gold KB and gold evidence are not part of either: scoring always reads them from the current dataset, so a fixed
+gold re-scores the cached predictions without recomputing them. Records written before `inputs` existed are reused
+when their fingerprint and question wording match (the log counts them).
 """
 
 from __future__ import annotations
 
 import gc
+import hashlib
+import json
 import logging
 import sys
 import time
@@ -21,6 +33,7 @@ from agent.types import Trajectory
 from eval.config import EvalConfig
 from eval.datasets import LoadedDataset, load_dataset
 from eval.methods import MethodContext, MethodFn, available_methods, resolve_methods
+from eval.scoring import GOLD_COLUMNS
 
 logger = logging.getLogger(__name__)
 
@@ -61,16 +74,70 @@ def cache_key(dataset: str, method: str, qid: str) -> str:
     return f"{dataset}\t{method}\t{qid}"
 
 
-def read_cache(path: Path) -> dict[str, dict]:
-    """Cached records by key; a later record of the same key wins. A torn last line is dropped."""
+def read_cache(path: Path, repair_tail: bool = True) -> dict[str, dict]:
+    """Cached records by key; a later record of the same key wins. A torn last line is dropped (and, with
+    `repair_tail`, cut from the file so the next append starts on a fresh line; `--report_only` leaves it)."""
     from agent.io import iter_jsonl, repair
 
     if not path.exists():
         return {}
-    dropped = repair(path)
-    if dropped:
-        logger.warning("dropped a torn last line (%d bytes) of %s", dropped, path)
-    return {cache_key(r["dataset"], r["method"], r["qid"]): r for r in iter_jsonl(path)}
+    if repair_tail:
+        dropped = repair(path)
+        if dropped:
+            logger.warning("dropped a torn last line (%d bytes) of %s", dropped, path)
+        return {cache_key(r["dataset"], r["method"], r["qid"]): r for r in iter_jsonl(path)}
+    data = path.read_bytes()
+    complete = data[: data.rfind(b"\n") + 1]
+    records = (json.loads(line) for line in complete.decode("utf-8").splitlines() if line.strip())
+    return {cache_key(r["dataset"], r["method"], r["qid"]): r for r in records}
+
+
+def row_digest(q: Question) -> str:
+    """Hash of a question row as a method sees it: wording, images and the non-gold columns."""
+    meta = {k: v for k, v in q.metadata.items() if k not in GOLD_COLUMNS}
+    blob = json.dumps(
+        {"question": q.question, "images": list(q.images), "metadata": meta}, sort_keys=True, default=str
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def kb_digest(kbs: dict[str, KnowledgeBase], kb_config: Path | None) -> str:
+    """Hash of the KBs' identities: names, `k` and, for KBs of a config file, their index manifests' corpus hash,
+    build time and document count (a rebuilt or changed KB makes the cached predictions stale)."""
+    manifests: dict[str, dict] = {}
+    if kb_config is not None and kb_config.is_file():
+        from retrievers.config import load_kb_configs
+        from retrievers.kb import read_manifest
+
+        for c in load_kb_configs(kb_config):
+            try:
+                m = read_manifest(Path(c.index_dir)) or {}
+            except (OSError, ValueError):
+                m = {}
+            keys = ("corpus_sha256", "created", "doc_count", "search", "encoder", "index", "remote")
+            manifests[c.name] = {k: m.get(k) for k in keys} | {"remote": c.options.get("remote")}
+    kb_ids = sorted((kb.name, name, kb.k, manifests.get(kb.name)) for name, kb in kbs.items())
+    return hashlib.sha256(json.dumps(kb_ids, default=str).encode()).hexdigest()[:16]
+
+
+def prediction_inputs(q: Question, kbs: str, seed: int) -> dict:
+    """What a cached prediction depends on besides its method's fingerprint (see the module docstring)."""
+    return {"row": row_digest(q), "kbs": kbs, "seed": seed}
+
+
+def is_error(record: dict) -> bool:
+    """A prediction that failed (method raised, backend or retrieval error) rather than answered."""
+    return bool(record.get("error")) or record.get("trajectory", {}).get("stop_reason") == "backend_error"
+
+
+def is_stale(record: dict | None, fingerprint: str, q: Question, inputs: dict) -> bool:
+    """Whether a cached record must be recomputed: absent, errored, or made from other settings or inputs."""
+    if not record or is_error(record) or record.get("fingerprint") != fingerprint:
+        return True
+    traj = record["trajectory"]
+    if traj.get("question") != q.question or list(traj.get("images") or []) != list(q.images):
+        return True  # a loader that rewords a question invalidates its predictions (legacy records too)
+    return "inputs" in record and record["inputs"] != inputs
 
 
 def error_trajectory(q: Question, message: str) -> Trajectory:
@@ -92,15 +159,20 @@ def run_questions(fn: MethodFn, questions: Sequence[Question], ctx: MethodContex
         `(trajectory, error message or "")` per question, in order.
     """
     try:
-        return [
-            (t, t.metadata.get("error", "") if t.stop_reason == "backend_error" else "") for t in fn(questions, ctx)
-        ]
+        return [(t, _error_of(t)) for t in fn(questions, ctx)]
     except Exception as e:  # a failing question must not end the run; it is retried alone below
         if len(questions) == 1:
             logger.warning("question %s failed: %s", questions[0].id, e)
             return [(error_trajectory(questions[0], f"{type(e).__name__}: {e}"), f"{type(e).__name__}: {e}")]
         logger.warning("a batch of %d failed (%s); retrying its questions one by one", len(questions), e)
         return [pair for q in questions for pair in run_questions(fn, [q], ctx)]
+
+
+def _error_of(t: Trajectory) -> str:
+    """The error message of a trajectory that ended in a backend or retrieval error ("" otherwise)."""
+    if t.stop_reason != "backend_error":
+        return ""
+    return t.metadata.get("error") or "backend_error: the policy backend failed (no reply)"
 
 
 def run_eval(
@@ -122,7 +194,8 @@ def run_eval(
         kbs: KBs (by display name) instead of loading `cfg.kb_config`.
         policy_factory: builds the other policies from their settings (default: `make_policy`).
         on_prediction: called with each record after it is cached.
-        compute: False writes the report from the cache alone (missing predictions are left out).
+        compute: False writes the report from the cache alone (missing predictions are left out): nothing else is
+            written (no corpora, no index, no change to the cache).
 
     Returns:
         The results dict written to `results.json`.
@@ -131,8 +204,9 @@ def run_eval(
     from eval.report import write_report
 
     out_dir = Path(cfg.output_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if cfg.prepare_corpora:
+    if compute:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.prepare_corpora and compute:
         from eval.corpora import prepare_corpora
 
         prepare_corpora(cfg.prepare_corpora, cfg.path("shared_data"), cfg.path("corpora_dir"))
@@ -157,18 +231,18 @@ def run_eval(
     methods = resolve_methods(cfg.methods, kb_names, variants)
     table = available_methods(kb_names, variants)
     cache_path = out_dir / CACHE_FILE
-    cache = read_cache(cache_path)
+    cache = read_cache(cache_path, repair_tail=compute)
     build = policy_factory or make_policy
     default_key = cfg.policy_key("")
+    kbs_id = kb_digest(kbs, cfg.path("kb_config") if cfg.kb_config else None) if compute else ""
 
     def missing_of(method: str) -> list[tuple[str, Question]]:
         fingerprint = cfg.fingerprint(method)
         out = []
         for ds in loaded:
             for q in ds.questions:
-                rec = cache.get(cache_key(ds.spec.name, method, q.id), {})
-                # the question's wording is checked too: a loader that rewords a question invalidates its predictions
-                if rec.get("fingerprint") != fingerprint or rec["trajectory"].get("question") != q.question:
+                rec = cache.get(cache_key(ds.spec.name, method, q.id))
+                if is_stale(rec, fingerprint, q, prediction_inputs(q, kbs_id, cfg.seed)):
                     out.append((ds.spec.name, q))
         return out
 
@@ -181,6 +255,8 @@ def run_eval(
     for group, _ in plan:
         if policy is None or cfg.policy_key(group[0]) != default_key:
             check_policy_paths(cfg.policy_settings(group[0]), _where(cfg, group[0], default_key))
+    if not compute:
+        return write_report(cfg, loaded, methods, cache, kb_names, out_dir, computed=0)
     computed = 0
     with JsonlWriter(cache_path) as writer:
         for group, todo in plan:
@@ -206,6 +282,7 @@ def run_eval(
                             "method": method,
                             "qid": q.id,
                             "fingerprint": fingerprint,
+                            "inputs": prediction_inputs(q, kbs_id, cfg.seed),
                             "latency_s": latency,
                             "error": error,
                             "trajectory": traj.to_dict(),
@@ -217,7 +294,13 @@ def run_eval(
                             on_prediction(record)
             del ctx, current  # this group's policy is not needed again: free it before the next one loads
             release_policy()
-    logger.info("computed %d predictions (%d cached)", computed, len(cache) - computed)
+    legacy = sum(1 for r in cache.values() if "inputs" not in r)
+    logger.info(
+        "computed %d predictions (%d cached, %d of them from before inputs were recorded)",
+        computed,
+        len(cache) - computed,
+        legacy,
+    )
     return write_report(cfg, loaded, methods, cache, kb_names, out_dir, computed=computed)
 
 

@@ -28,6 +28,7 @@ import math
 import re
 from collections.abc import Iterable, Sequence
 
+from agent.loop import Question
 from agent.types import Trajectory
 from eval.metrics import exact_match, f1_recall, normalize_answer, token_f1
 from retrievers.types import Hit
@@ -41,6 +42,8 @@ RATIOS = {
     "format/valid_step_rate": ("count/valid_outputs", "count/outputs"),
     "routing/step_accuracy": ("count/routes_to_gold", "count/routes"),
 }
+# Row columns that are gold: scoring reads them from the current dataset row, never from a cached prediction.
+GOLD_COLUMNS = ("gold_kb", "gold_evidence", "answer_type")
 _SPAN = re.compile(r"^(?P<vid>.+)@(?P<start>[0-9.]+)-(?P<end>[0-9.]+)$")
 
 
@@ -131,7 +134,12 @@ def route_counts(traj: Trajectory, gold_kb: str) -> dict[str, float]:
 
 
 def score_prediction(
-    record: dict, kb_names: Sequence[str], routes: bool, retrieves: bool, step_protocol: bool = False
+    record: dict,
+    kb_names: Sequence[str],
+    routes: bool,
+    retrieves: bool,
+    step_protocol: bool = False,
+    question: Question | None = None,
 ) -> dict[str, float]:
     """All per-question figures of one cached prediction record (see `eval.runner`).
 
@@ -141,11 +149,24 @@ def score_prediction(
         routes: the method chooses KBs (routing accuracy is reported).
         retrieves: the method can retrieve (recall@k is reported).
         step_protocol: the trajectory's steps are agent plan/answer steps (their outputs count for validity).
+        question: the current dataset row: its answers and gold columns (`gold_kb`, `gold_evidence`,
+            `answer_type`) replace those saved with the prediction.
+
+    A record that ended in an error (it has an `error`, or stopped with `backend_error`) scores only `run/error` = 1.
     """
     traj = Trajectory.from_dict(record["trajectory"])
-    meta = traj.metadata
+    meta = dict(traj.metadata)
     golds = list(traj.gold or [])
-    scores: dict[str, float] = {"run/error": float(bool(record.get("error")))}
+    if question is not None:  # the current gold, never the one saved with the prediction
+        golds = list(question.answers or [])
+        for key in GOLD_COLUMNS:
+            meta.pop(key, None)
+            if key in question.metadata:
+                meta[key] = question.metadata[key]
+    error = bool(record.get("error")) or traj.stop_reason == "backend_error"
+    scores: dict[str, float] = {"run/error": float(error)}
+    if error:  # a failure is counted as an error, not as a wrong answer: it is left out of every other figure
+        return scores
     scores.update(answer_scores(traj.final_answer, golds, meta.get("answer_type", "open")))
     if retrieves:
         recall = evidence_recall((h for s in traj.steps for h in s.hits), meta.get("gold_evidence") or [])

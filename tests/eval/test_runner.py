@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from agent.backends.base import Completion, SamplingParams
+from agent.loop import Question
 from eval.cli import main
 from eval.config import load_eval_config
 from eval.runner import read_cache, run_eval
@@ -182,3 +185,142 @@ def test_cli_help_and_errors(tmp_path: Path, questions_file: Path, capsys: pytes
     assert main(["--config", str(cfg), "--quiet", "--methods", "no_retrieval", "agent.max_step=2"]) == 2
     out = capsys.readouterr().out
     assert "`agent` has unknown key(s) ['max_step']" in out and "unknown method" not in out
+
+
+def _write_rows(path: Path, rows: list[dict]) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_scoring_uses_the_current_gold_not_the_one_cached_with_the_prediction(
+    tmp_path: Path, questions_file: Path, fake_kbs
+) -> None:
+    wrong = [{**q, "answers": ["Lyon"], "gold_kb": "tables"} if q["id"] == "q1" else q for q in QUESTIONS]
+    _write_rows(questions_file, wrong)
+    cfg = load_eval_config(eval_yaml(tmp_path, questions_file, ["agent"]))
+    first = run_eval(cfg, policy=FakePolicy(), kbs=fake_kbs)
+    assert first["per_dataset"]["toy"]["agent"]["answer/f1_recall"] == pytest.approx(2 / 4)  # q1 and q4 wrong
+    # the gold is fixed: the cached prediction "Paris" is re-scored against it, not recomputed
+    _write_rows(questions_file, QUESTIONS)
+    computed: list[dict] = []
+    results = run_eval(cfg, policy=FakePolicy(), kbs=fake_kbs, on_prediction=computed.append)
+    assert computed == []
+    preds = {p["qid"]: p for p in map(json.loads, (tmp_path / "out" / "predictions.jsonl").read_text().splitlines())}
+    assert preds["q1"]["prediction"] == "Paris" and preds["q1"]["gold"] == ["Paris"]
+    assert preds["q1"]["scores"]["answer/f1_recall"] == 1.0 and preds["q1"]["scores"]["routing/accuracy"] == 1.0
+    assert results["per_dataset"]["toy"]["agent"]["answer/f1_recall"] == pytest.approx(3 / 4)
+
+
+def test_a_changed_row_seed_or_kb_set_is_recomputed(tmp_path: Path, questions_file: Path, fake_kbs) -> None:
+    run_eval(
+        load_eval_config(eval_yaml(tmp_path, questions_file, ["no_retrieval"])), policy=FakePolicy(), kbs=fake_kbs
+    )
+
+    def computed_ids(cfg_path: Path, kbs: dict = fake_kbs, overrides: tuple = ()) -> list[str]:
+        computed: list[dict] = []
+        run_eval(load_eval_config(cfg_path, list(overrides)), FakePolicy(), kbs, on_prediction=computed.append)
+        return sorted(r["qid"] for r in computed)
+
+    cfg_path = eval_yaml(tmp_path, questions_file, ["no_retrieval"])
+    assert computed_ids(cfg_path) == []
+    # another seed, or another KB set, makes every prediction stale
+    assert computed_ids(cfg_path, overrides=("seed=7",)) == ["q1", "q2", "q3", "q4"]
+    assert computed_ids(cfg_path, overrides=("seed=7",)) == []
+    fewer = {"Text KB": fake_kbs["Text KB"]}
+    assert computed_ids(cfg_path, kbs=fewer, overrides=("seed=7",)) == ["q1", "q2", "q3", "q4"]
+
+
+def test_a_row_digest_covers_what_the_method_sees_and_not_the_gold() -> None:
+    from eval.runner import row_digest
+
+    q = Question("q1", "What is the capital?", metadata={"dataset": "toy", "gold_kb": "wiki", "extra": 1})
+    assert row_digest(replace(q, metadata={**q.metadata, "gold_kb": "tables", "answer_type": "yesno"})) == row_digest(
+        q
+    )
+    assert row_digest(replace(q, answers=("other",))) == row_digest(q)
+    assert row_digest(replace(q, metadata={**q.metadata, "extra": 2})) != row_digest(q)  # a column a loader keeps
+    assert row_digest(replace(q, images=("a.png",))) != row_digest(q)
+
+
+def test_a_rebuilt_kb_index_makes_the_predictions_stale(tmp_path: Path, questions_file: Path, fake_kbs) -> None:
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"id": "p1", "contents": "Paris"}\n')
+    index = tmp_path / "index"
+    index.mkdir()
+    manifest = {"corpus_sha256": "a", "created": "2026-01-01T00:00:00Z", "doc_count": 1}
+    (index / "manifest.json").write_text(json.dumps(manifest))
+    kb_yaml = tmp_path / "kb.yaml"
+    kb_yaml.write_text(
+        f"knowledge_bases:\n  - {{name: wiki, kind: text, search: bm25, corpus: {corpus}, index_dir: {index}}}\n"
+    )
+    cfg = load_eval_config(eval_yaml(tmp_path, questions_file, ["no_retrieval"], kb_config=str(kb_yaml)))
+    run_eval(cfg, policy=FakePolicy(), kbs=fake_kbs)
+    computed: list[dict] = []
+    run_eval(cfg, policy=FakePolicy(), kbs=fake_kbs, on_prediction=computed.append)
+    assert computed == []
+    (index / "manifest.json").write_text(json.dumps({**manifest, "created": "2026-02-01T00:00:00Z"}))
+    run_eval(cfg, policy=FakePolicy(), kbs=fake_kbs, on_prediction=computed.append)
+    assert len(computed) == len(QUESTIONS)
+
+
+class OutagePolicy(FakePolicy):
+    """A backend that fails (finish_reason `error`, as the HTTP backends report an outage) on questions naming
+    OUTAGE, while `down` is set."""
+
+    def __init__(self, down: bool = True) -> None:
+        super().__init__()
+        self.down = down
+
+    def generate(self, conversations: list[list[dict]], params: SamplingParams) -> list[Completion]:
+        outs = super().generate(conversations, params)
+        return [
+            Completion(text="", finish_reason="error", metadata={"error": "connection refused"})
+            if self.down and "OUTAGE" in json.dumps(c)
+            else o
+            for c, o in zip(conversations, outs, strict=True)
+        ]
+
+
+def test_backend_outages_are_errors_left_out_of_accuracy_and_retried(tmp_path: Path, fake_kbs) -> None:
+    path = tmp_path / "q.jsonl"
+    _write_rows(path, [*QUESTIONS, {"id": "down", "question": "OUTAGE: capital of France?", "answers": ["Paris"]}])
+    cfg = load_eval_config(eval_yaml(tmp_path, path, ["no_retrieval", "rag_all"]))
+    results = run_eval(cfg, policy=OutagePolicy(), kbs=fake_kbs)
+    preds = {
+        (p["method"], p["qid"]): p
+        for p in map(json.loads, (tmp_path / "out" / "predictions.jsonl").read_text().split("\n")[:-1])
+    }
+    for method in ("no_retrieval", "rag_all"):
+        assert preds[(method, "down")]["error"], method
+        assert preds[(method, "down")]["scores"] == {"run/error": 1.0}  # not a wrong answer
+        per = results["per_dataset"]["toy"][method]
+        assert per["run/error"] == pytest.approx(1 / 5)
+    # the answer figures are those of the four good questions alone: the outage is not among the wrong answers
+    _write_rows(tmp_path / "good.jsonl", QUESTIONS)
+    good = run_eval(
+        load_eval_config(eval_yaml(tmp_path, tmp_path / "good.jsonl", ["no_retrieval", "rag_all"], out="good")),
+        policy=OutagePolicy(),
+        kbs=fake_kbs,
+    )
+    for method in ("no_retrieval", "rag_all"):
+        for key in ("answer/f1_recall", "answer/em", "cost/steps", "format/valid_step_rate"):
+            assert results["per_dataset"]["toy"][method][key] == good["per_dataset"]["toy"][method][key], key
+    # the backend is back: only the errored predictions are computed again
+    computed: list[dict] = []
+    again = run_eval(cfg, policy=OutagePolicy(down=False), kbs=fake_kbs, on_prediction=computed.append)
+    assert sorted((r["method"], r["qid"]) for r in computed) == [("no_retrieval", "down"), ("rag_all", "down")]
+    assert again["per_dataset"]["toy"]["rag_all"]["run/error"] == 0.0
+
+
+def test_report_only_changes_no_input(tmp_path: Path, questions_file: Path, fake_kbs) -> None:
+    cfg_path = eval_yaml(tmp_path, questions_file, ["no_retrieval"], prepare_corpora=["coco_captions"])
+    cfg = load_eval_config(cfg_path)
+    cfg.prepare_corpora = []
+    run_eval(cfg, policy=FakePolicy(), kbs=fake_kbs)
+    cache = tmp_path / "out" / "cache.jsonl"
+    with cache.open("a") as f:
+        f.write('{"dataset": "toy", "method": "no_retr')  # a run killed mid-line
+    before = cache.read_bytes()
+    only = run_eval(load_eval_config(cfg_path), policy=FakePolicy(), kbs=fake_kbs, compute=False)
+    assert cache.read_bytes() == before  # not repaired, not appended to
+    assert only["per_dataset"]["toy"]["no_retrieval"]["n"] == len(QUESTIONS)
+    assert not Path(load_eval_config(cfg_path).path("corpora_dir")).exists()  # no derived corpus was written
