@@ -5,7 +5,9 @@ Usage (CPU is fine; dense encoding uses a GPU when one is visible):
     python -m retrievers.build --kb configs/kb/demo.yaml
     python -m retrievers.build --kb configs/kb/shared_text.yaml --only hotpot_wiki --force
 
-An index that is up to date (same encoder, settings and corpus bytes) is reused, not rebuilt.
+An index that is up to date (same encoder, settings and corpus bytes) and intact (its files' sizes, sampled hashes
+and document counts match its manifest) is reused, not rebuilt; a corrupt one is rebuilt. `--verify` hashes every
+index file whole before reusing it.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kb", required=True, help="KB YAML file (knowledge_bases: [...])")
     parser.add_argument("--only", nargs="+", metavar="NAME", help="build only these KBs (by name)")
     parser.add_argument("--force", action="store_true", help="rebuild even when the index is up to date")
+    parser.add_argument(
+        "--verify", action="store_true", help="hash every index file whole (slow on large indexes); rebuild if corrupt"
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bars, warnings only")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(levelname)s %(message)s")
@@ -38,8 +43,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for cfg in configs:
         start = time.perf_counter()
-        index_dir, manifest, reused = build_kb_status(cfg, force=args.force, progress=not args.quiet)
-        status = "reused (up to date)" if reused else "built"
+        index_dir, manifest, reused = build_kb_status(
+            cfg, force=args.force, progress=not args.quiet, verify=args.verify
+        )
+        status = ("reused (verified)" if args.verify else "reused (up to date)") if reused else "built"
         rows.append(
             (
                 cfg.name,

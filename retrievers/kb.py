@@ -2,7 +2,9 @@
 
 `KB_KINDS` is the one place that maps a config `kind` to its builder and loader; a new modality adds one entry.
 An index folder is complete only once `manifest.json` exists (it is written last, by rename), and it is reused
-only while the manifest matches the config and the corpus bytes.
+only while the manifest matches the config and the corpus bytes, and its files match the sizes, checksums and
+document count the manifest records (`retrievers.integrity`): a corrupt index is rebuilt by `build_kb` and refused,
+naming the file, by `load_kb`.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from retrievers import integrity
 from retrievers.config import KBConfig
 from retrievers.image import build_image_kb, load_image_kb
+from retrievers.integrity import check_index, record_files, remove_leftovers, write_manifest
 from retrievers.store import IndexedRetriever
 from retrievers.table import build_table_index
 from retrievers.text import build_text_index
@@ -27,7 +31,7 @@ from retrievers.video import build_clip_kb, build_video_kb, load_clip_kb, load_v
 
 logger = logging.getLogger(__name__)
 
-MANIFEST = "manifest.json"
+MANIFEST = integrity.MANIFEST
 # Writes a KB's index files into a folder and returns manifest fields (at least `dim` and `doc_count`).
 BuildFn = Callable[[KBConfig, Path, bool], dict]
 LoadFn = Callable[[KBConfig], Retriever]
@@ -109,11 +113,17 @@ def expected_manifest(cfg: KBConfig) -> dict:
 
 
 def read_manifest(index_dir: Path) -> dict | None:
-    """The manifest of an index folder, or None when there is none (never built, or interrupted)."""
+    """The manifest of an index folder, or None when there is none (never built, or interrupted) or it is not a
+    readable JSON mapping (a corrupt manifest is an unfinished build: it is rebuilt)."""
     path = Path(index_dir) / MANIFEST
     if not path.is_file():
         return None
-    return json.loads(path.read_text())
+    try:
+        manifest = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError):
+        logger.warning("%s is not valid JSON: the index counts as unbuilt", path)
+        return None
+    return manifest if isinstance(manifest, dict) else None
 
 
 def manifest_mismatches(cfg: KBConfig, manifest: dict) -> list[str]:
@@ -131,31 +141,40 @@ def manifest_mismatches(cfg: KBConfig, manifest: dict) -> list[str]:
     return problems
 
 
-def build_kb(cfg: KBConfig, force: bool = False, progress: bool = True) -> Path:
-    """Build the index of one KB into `cfg.index_dir`, or reuse it when its manifest is up to date.
+def build_kb(cfg: KBConfig, force: bool = False, progress: bool = True, verify: bool = False) -> Path:
+    """Build the index of one KB into `cfg.index_dir`, or reuse it when its manifest is up to date and its files
+    are intact.
 
     Args:
         cfg: the KB.
         force: rebuild even when the manifest matches.
         progress: show progress bars while encoding.
+        verify: hash every index file whole before reusing it (else sizes, sampled hashes and counts are checked).
 
     Returns:
         The index folder (`build_kb_status` also says whether it was reused).
     """
-    return build_kb_status(cfg, force=force, progress=progress)[0]
+    return build_kb_status(cfg, force=force, progress=progress, verify=verify)[0]
 
 
-def build_kb_status(cfg: KBConfig, force: bool = False, progress: bool = True) -> tuple[Path, dict, bool]:
+def build_kb_status(
+    cfg: KBConfig, force: bool = False, progress: bool = True, verify: bool = False
+) -> tuple[Path, dict, bool]:
     """Like `build_kb`, also returning the manifest and whether the index was reused (True) or built."""
     index_dir = Path(cfg.index_dir)
     if "remote" in cfg.options:  # served by `kbrouter serve-retrieval`: nothing to build here
         return index_dir, {"doc_count": 0, "dim": 0, "remote": cfg.options["remote"]}, True
+    remove_leftovers(index_dir)
     manifest = read_manifest(index_dir)
     if manifest is not None and not force:
         mismatches = manifest_mismatches(cfg, manifest)
         if not mismatches:
-            logger.info("KB %s: index %s is up to date", cfg.name, index_dir)
-            return index_dir, manifest, True
+            problems, manifest = check_index(index_dir, manifest, full=verify)
+            if not problems:
+                logger.info("KB %s: index %s is up to date%s", cfg.name, index_dir, " (verified)" if verify else "")
+                return index_dir, manifest, True
+            mismatches = [f"corrupt: {p}" for p in problems]
+            logger.warning("KB %s: the index is corrupt (%s); rebuilding it", cfg.name, "; ".join(problems))
         logger.info("KB %s: rebuilding %s (%s)", cfg.name, index_dir, "; ".join(mismatches))
     start = time.perf_counter()
     # Build into a private folder and swap it in at the end: a crash or a concurrent build (another process using
@@ -173,7 +192,8 @@ def build_kb_status(cfg: KBConfig, force: bool = False, progress: bool = True) -
         "build_seconds": round(time.perf_counter() - start, 2),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    (index_dir / MANIFEST).write_text(json.dumps(manifest, indent=2, ensure_ascii=False))
+    manifest["files"] = record_files(index_dir)
+    write_manifest(index_dir, manifest)
     old = final_dir.with_name(f"{final_dir.name}.old-{os.getpid()}")
     if final_dir.exists():
         final_dir.rename(old)
@@ -191,8 +211,8 @@ def load_kb(cfg: KBConfig) -> Retriever:
 
     Raises:
         FileNotFoundError: no complete index in `cfg.index_dir`.
-        ValueError: the index was built from another encoder, corpus or settings; the message lists the
-            differences and the rebuild command.
+        ValueError: the index was built from another encoder, corpus or settings, or one of its files is corrupt
+            (truncated, missing lines, replaced); the message names the differences or files and the rebuild command.
     """
     if "remote" in cfg.options:  # one line of YAML switches a KB to the shared retrieval service
         from retrievers.remote import remote_kb_from_config
@@ -209,6 +229,13 @@ def load_kb(cfg: KBConfig) -> Retriever:
         raise ValueError(
             f"KB {cfg.name!r}: the index in {str(index_dir)!r} does not match the config:\n  "
             + "\n  ".join(mismatches)
+            + f"\nRebuild it with: {cfg.fix_command}"
+        )
+    problems, _ = check_index(index_dir, manifest)
+    if problems:
+        raise ValueError(
+            f"KB {cfg.name!r}: the index in {str(index_dir)!r} is corrupt:\n  "
+            + "\n  ".join(problems)
             + f"\nRebuild it with: {cfg.fix_command}"
         )
     return KB_KINDS[cfg.kind].load(cfg)
