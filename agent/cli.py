@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 import time
 from dataclasses import fields
 from pathlib import Path
@@ -54,6 +55,12 @@ def add_common_args(ap: argparse.ArgumentParser, kb_default: str | None = None) 
         choices=["auto", "on", "off"],
         help="decode inside the step grammar (default auto: on where the backend supports it)",
     )
+    ap.add_argument(
+        "--allow-text-only",
+        action="store_true",
+        help="let a text-only policy (the transformers backend) answer questions that have images, without them "
+        "(a warning; else it is an error)",
+    )
     ap.add_argument("-v", "--verbose", action="store_true")
 
 
@@ -67,14 +74,16 @@ def _checked(d: dict, cls: type, where: str) -> dict:
 
 def resolve_configs(args: argparse.Namespace) -> tuple[PolicyConfig, AgentConfig, str]:
     """YAML (optional) + flags → (policy config, agent config, KB file)."""
-    import yaml
+    from retrievers.config import load_yaml
 
     raw: dict = {}
     if args.config:
         path = Path(args.config)
         if not path.exists():
             raise FileNotFoundError(f"config file {path} does not exist")
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = load_yaml(path) or {}
+        if not isinstance(raw, dict):
+            raise ValueError(f"{path}: expected a mapping with `policy:`, `agent:` and/or `kb:` sections")
         unknown = sorted(set(raw) - {"policy", "agent", "kb"})
         if unknown:
             raise ValueError(f"{path}: unknown top-level key(s) {unknown}; valid: ['agent', 'kb', 'policy']")
@@ -98,7 +107,31 @@ def resolve_configs(args: argparse.Namespace) -> tuple[PolicyConfig, AgentConfig
     return PolicyConfig(**pol), AgentConfig(**agent), kb
 
 
-def _setup(args: argparse.Namespace):  # noqa: ANN202
+def check_images_readable(pol_cfg: PolicyConfig, questions: list, allow_text_only: bool) -> None:
+    """A text-only policy would drop the questions' images: an error, or a warning with `--allow-text-only`.
+
+    Raises:
+        ValueError: some question has an image and the policy reads text only.
+    """
+    with_images = [q.id for q in questions if q.images]
+    if not with_images or pol_cfg.backend != "transformers":
+        return
+    what = f"{len(with_images)} question(s) have an image (e.g. {with_images[0]!r})"
+    if allow_text_only:
+        logging.getLogger(__name__).warning("%s; the text-only policy answers without it", what)
+        return
+    raise ValueError(
+        f"{what}, but the transformers backend reads text only and would drop it: use a vision-language policy "
+        "(`--backend vl --model tiny-qwen2.5-vl` offline, or a local Qwen2.5-VL folder), or pass --allow-text-only"
+    )
+
+
+def backend_errors(trajs: list) -> int:
+    """How many trajectories ended in a backend (or retrieval) error."""
+    return sum(t.stop_reason == "backend_error" for t in trajs)
+
+
+def _setup(args: argparse.Namespace, questions: list | None = None):  # noqa: ANN202
     from agent.backends.factory import make_policy
     from agent.kbs import load_knowledge_bases
     from agent.loop import StepAgent
@@ -107,6 +140,7 @@ def _setup(args: argparse.Namespace):  # noqa: ANN202
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
     pol_cfg, agent_cfg, kb_file = resolve_configs(args)
+    check_images_readable(pol_cfg, questions or [], args.allow_text_only)  # before anything loads
     kbs = load_knowledge_bases(kb_file)
     policy = make_policy(pol_cfg)
     return StepAgent(policy, kbs, agent_cfg), pol_cfg, agent_cfg, kb_file
@@ -130,7 +164,7 @@ def ask_main(argv: list[str] | None = None) -> int:
     q = question_from_row(
         {"id": "ask", "question": args.question, **({"image": args.image} if args.image else {})}, where="question"
     )
-    agent, *_ = _setup(args)
+    agent, *_ = _setup(args, [q])
     console = Console()
     console.print(f"[bold]question:[/bold] {q.question}")
     traj = agent.run_batch([q], on_event=StepPrinter(console))[0]
@@ -139,6 +173,10 @@ def ask_main(argv: list[str] | None = None) -> int:
 
         with JsonlWriter(args.out) as w:
             w.write(traj.to_dict())
+    if traj.stop_reason == "backend_error":
+        error = traj.metadata.get("error") or "the policy backend gave no reply"
+        print(f"kbrouter ask: error: the backend failed ({error}); the answer above is not one", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -162,19 +200,30 @@ def run_main(argv: list[str] | None = None) -> int:
     )
     add_common_args(ap)
     args = ap.parse_args(argv)
+    if args.batch_size < 1:
+        ap.error(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.limit is not None and args.limit < 0:
+        ap.error(f"--limit must be >= 0, got {args.limit}")
     questions = read_questions(args.questions)[: args.limit]
     done, retried = prepare_resume(args.out, retry_errors=args.retry_errors)
     todo = [q for q in questions if q.id not in done]
-    agent, *_ = _setup(args)
+    agent, *_ = _setup(args, todo)
     t0 = time.perf_counter()
-    with JsonlWriter(args.out) as w, Progress() as progress:
-        task = progress.add_task("questions", total=len(todo))
+    written = 0
+    try:
+        with JsonlWriter(args.out) as w, Progress() as progress:
+            task = progress.add_task("questions", total=len(todo))
 
-        def write(t) -> None:  # noqa: ANN001
-            w.write(t.to_dict())
-            progress.advance(task)
+            def write(t) -> None:  # noqa: ANN001
+                nonlocal written
+                w.write(t.to_dict())
+                written += 1
+                progress.advance(task)
 
-        trajs = agent.run(todo, batch_size=args.batch_size, on_trajectory=write)
+            trajs = agent.run(todo, batch_size=args.batch_size, on_trajectory=write)
+    except KeyboardInterrupt as e:
+        e.args = (f"{len(done) + written} of {len(questions)} done, in {args.out}",)
+        raise
     stops: dict[str, int] = {}
     for t in trajs:
         stops[t.stop_reason] = stops.get(t.stop_reason, 0) + 1
@@ -183,6 +232,12 @@ def run_main(argv: list[str] | None = None) -> int:
         f"wrote {len(trajs)} trajectories to {args.out} ({len(done)} already there, {retried} errored ones run "
         f"again) in {dt:.1f} s; stop reasons {stops}"
     )
+    if errors := backend_errors(trajs):
+        print(
+            f"kbrouter run: error: {errors} trajectories ended in backend_error; rerun the same command to retry them",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 
@@ -201,8 +256,8 @@ def demo_main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     console = Console()
     console.print("[bold]kbrouter demo[/bold]: building/loading the demo KBs (cached after the first run) …")
-    agent, pol_cfg, agent_cfg, kb_file = _setup(args)
     questions = read_questions(args.questions)[: args.limit]
+    agent, pol_cfg, agent_cfg, kb_file = _setup(args, questions)
     console.print(
         f"KBs: {', '.join(agent.kbs)} | policy: {pol_cfg.model} ({pol_cfg.backend}) | "
         f"{len(questions)} questions, n = {agent_cfg.max_steps}, k = {agent_cfg.top_k}; answering in one "
@@ -212,10 +267,10 @@ def demo_main(argv: list[str] | None = None) -> int:
     trajs = agent.run_batch(questions, on_event=StepPrinter(console, show_id=True))
     dt = time.perf_counter() - t0
     print_summary(trajs, console)
-    write_trajectories(args.out, trajs)  # appends
+    write_trajectories(args.out, trajs, overwrite=True)  # this run's trajectories replace the last run's
     summary = {r: sum(t.stop_reason == r for t in trajs) for r in {t.stop_reason for t in trajs}}
     console.print(
         f"\n[bold]wrote {len(trajs)} trajectories to {args.out}[/bold] in {dt:.1f} s; stop reasons "
         f"{json.dumps(summary)}"
     )
-    return 0
+    return 1 if backend_errors(trajs) else 0

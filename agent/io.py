@@ -145,7 +145,19 @@ def read_trajectories(path: str | Path) -> list[Trajectory]:
     return [Trajectory.from_dict(d) for d in iter_jsonl(path)]
 
 
-def write_trajectories(path: str | Path, trajectories: Iterable[Trajectory]) -> None:
-    with JsonlWriter(path, fsync_every=0) as w:
-        for t in trajectories:
-            w.write(t.to_dict())
+def write_trajectories(path: str | Path, trajectories: Iterable[Trajectory], overwrite: bool = False) -> None:
+    """Append trajectories to a JSONL file, or with `overwrite` replace the file (written aside, then renamed: an
+    interrupted write leaves the previous file whole)."""
+    if not overwrite:
+        with JsonlWriter(path, fsync_every=0) as w:
+            for t in trajectories:
+                w.write(t.to_dict())
+        return
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with tmp.open("w", encoding="utf-8") as f:
+        f.writelines(json.dumps(t.to_dict(), ensure_ascii=False) + "\n" for t in trajectories)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

@@ -82,6 +82,9 @@ class InputSpec:
     )
 
     def __post_init__(self) -> None:
+        from retrievers.config import check_field_types
+
+        check_field_types(self, f"input {self.path!r}: ")
         if self.format not in INPUT_FORMATS:
             raise ValueError(f"input {self.path!r}: unknown format {self.format!r}; use one of {INPUT_FORMATS}")
         if self.limit is not None and self.limit < 1:
@@ -107,6 +110,9 @@ class TeacherSpec:
     backoff_s: float = field(default=2.0, metadata={"help": "first back-off; doubles on each retry"})
 
     def __post_init__(self) -> None:
+        from retrievers.config import check_field_types
+
+        check_field_types(self, "teacher.")
         if self.retries < 0 or self.backoff_s < 0:
             raise ValueError("teacher.retries and teacher.backoff_s must be >= 0; e.g. `retries: 3, backoff_s: 2`")
         if self.backend != ANNOTATION:
@@ -131,6 +137,9 @@ class RejectionSpec:
     max_steps: int | None = field(default=None, metadata={"help": "at most this many retrieval steps"})
 
     def __post_init__(self) -> None:
+        from retrievers.config import check_field_types
+
+        check_field_types(self, "rejection.")
         if not 0 < self.min_evidence_overlap <= 1:
             raise ValueError(f"rejection.min_evidence_overlap must be in (0, 1], got {self.min_evidence_overlap}")
         if self.max_steps is not None and self.max_steps < 0:
@@ -182,8 +191,21 @@ class SynthConfig:
         if isinstance(self.rejection, dict):
             _check_keys(RejectionSpec, self.rejection, "rejection")
             self.rejection = RejectionSpec(**self.rejection)
+        from retrievers.config import check_field_types
+
+        check_field_types(self)
         if self.m < 1:
             raise ValueError(f"`m` ({self.m}) must be >= 1 samples per question; e.g. `m: 4`")
+        for key in ("top_k_hits", "plan_tokens", "answer_tokens", "final_tokens", "num_shards"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"`{key}` must be >= 1, got {getattr(self, key)}")
+        if self.max_retries < 0 or self.top_k < 0:
+            raise ValueError(f"`max_retries` and `top_k` must be >= 0, got {self.max_retries} and {self.top_k}")
+        if self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise ValueError(
+                f"need `temperature` >= 0 and 0 < `top_p` <= 1, got {self.temperature} and {self.top_p}; "
+                "e.g. `temperature: 0.7, top_p: 1.0`"
+            )
         if self.teacher.backend == ANNOTATION:
             if self.m != 1:
                 raise ValueError(f"`m` is {self.m}, but the annotation teacher writes one gold trajectory per "
@@ -255,7 +277,9 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         path = Path(path)
         if not path.exists():
             raise FileNotFoundError(f"synth recipe not found: {path}")
-        values = yaml.safe_load(path.read_text()) or {}
+        from retrievers.config import load_yaml
+
+        values = load_yaml(path) or {}
         if not isinstance(values, dict):
             raise ValueError(f"{path}: a recipe is a mapping of keys to values")
         base = path.resolve().parent

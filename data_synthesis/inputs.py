@@ -89,7 +89,16 @@ def load_rows(path: str | Path, limit: int | None = None) -> list[dict]:
     if builder is None:
         raise ValueError(f"{path}: unsupported file type {path.suffix!r}; use .jsonl, .json, .parquet or .csv")
     datasets.disable_progress_bars()
-    ds = datasets.load_dataset(builder, data_files=str(path), split="train")
+    try:
+        ds = datasets.load_dataset(builder, data_files=str(path), split="train")
+    except datasets.exceptions.DatasetGenerationError as e:  # a malformed line, wrapped twice by datasets
+        if path.suffix == ".jsonl":
+            from retrievers.jsonl import iter_jsonl_objects
+
+            for _ in iter_jsonl_objects(path):  # raises naming the file, the line and the fix
+                pass
+        cause = e.__cause__ or e
+        raise ValueError(f"{path}: not readable as {builder} ({type(cause).__name__}: {cause}); fix the file") from e
     if limit is not None:
         ds = ds.select(range(min(limit, len(ds))))
     return ds.to_list()

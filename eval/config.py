@@ -26,6 +26,7 @@ import yaml
 
 from agent.loop import AgentConfig
 from eval.datasets import SPEC_KEYS, DatasetSpec
+from retrievers.config import load_yaml
 
 
 @dataclass
@@ -83,6 +84,17 @@ class EvalConfig:
     source_file: str = field(default="", metadata={"help": "Set by the loader."})
 
     def __post_init__(self) -> None:
+        from retrievers.config import check_field_types
+
+        check_field_types(self)
+        for key in ("policy", "checkpoints", "agent", "agent_variants", "method_settings", "dataset_defaults"):
+            if not isinstance(getattr(self, key), dict):
+                raise ValueError(f"`{key}` must be a mapping, got {getattr(self, key)!r}")
+        for key in ("methods", "datasets", "prepare_corpora"):
+            if not isinstance(getattr(self, key), list):
+                raise ValueError(f"`{key}` must be a list, got {getattr(self, key)!r}")
+        if self.k_per_kb < 1:
+            raise ValueError(f"`k_per_kb` must be >= 1, got {self.k_per_kb}; e.g. `k_per_kb: 2`")
         if self.batch_size < 1:
             raise ValueError(f"`batch_size` must be >= 1, got {self.batch_size}; e.g. `batch_size: 16`")
         from agent.backends.factory import PolicyConfig
@@ -291,7 +303,7 @@ def load_eval_config(path: str | Path, overrides: list[str] = ()) -> EvalConfig:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"eval config {str(path)!r} does not exist")
-    data = yaml.safe_load(path.read_text()) or {}
+    data = load_yaml(path) or {}
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a mapping of eval settings")
     data = copy.deepcopy(data)

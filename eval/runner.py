@@ -258,42 +258,46 @@ def run_eval(
     if not compute:
         return write_report(cfg, loaded, methods, cache, kb_names, out_dir, computed=0)
     computed = 0
-    with JsonlWriter(cache_path) as writer:
-        for group, todo in plan:
-            # all datasets' missing questions of a method go through it together, in lockstep batches
-            if policy is not None and cfg.policy_key(group[0]) == default_key:
-                current = policy
-            else:
-                settings = cfg.policy_settings(group[0])
-                logger.info("loading the policy of %s: %s", ", ".join(m for m, _ in todo), settings)
-                current = build(settings, _where(cfg, group[0], default_key))
-            for method, missing in todo:
-                fingerprint = cfg.fingerprint(method)
-                logger.info("%s: %d questions to run", method, len(missing))
-                ctx = MethodContext(current, kbs, cfg.agent_config(method), cfg.seed, cfg.k_per_kb)
-                for start in range(0, len(missing), cfg.batch_size):
-                    batch = missing[start : start + cfg.batch_size]
-                    t0 = time.perf_counter()
-                    results = run_questions(table[method], [q for _, q in batch], ctx)
-                    latency = (time.perf_counter() - t0) / len(batch)  # lockstep: the batch's wall time, amortised
-                    for (dataset, q), (traj, error) in zip(batch, results, strict=True):
-                        record = {
-                            "dataset": dataset,
-                            "method": method,
-                            "qid": q.id,
-                            "fingerprint": fingerprint,
-                            "inputs": prediction_inputs(q, kbs_id, cfg.seed),
-                            "latency_s": latency,
-                            "error": error,
-                            "trajectory": traj.to_dict(),
-                        }
-                        writer.write(record)
-                        cache[cache_key(dataset, method, q.id)] = record
-                        computed += 1
-                        if on_prediction is not None:
-                            on_prediction(record)
-            del ctx, current  # this group's policy is not needed again: free it before the next one loads
-            release_policy()
+    try:
+        with JsonlWriter(cache_path) as writer:
+            for group, todo in plan:
+                # all datasets' missing questions of a method go through it together, in lockstep batches
+                if policy is not None and cfg.policy_key(group[0]) == default_key:
+                    current = policy
+                else:
+                    settings = cfg.policy_settings(group[0])
+                    logger.info("loading the policy of %s: %s", ", ".join(m for m, _ in todo), settings)
+                    current = build(settings, _where(cfg, group[0], default_key))
+                for method, missing in todo:
+                    fingerprint = cfg.fingerprint(method)
+                    logger.info("%s: %d questions to run", method, len(missing))
+                    ctx = MethodContext(current, kbs, cfg.agent_config(method), cfg.seed, cfg.k_per_kb)
+                    for start in range(0, len(missing), cfg.batch_size):
+                        batch = missing[start : start + cfg.batch_size]
+                        t0 = time.perf_counter()
+                        results = run_questions(table[method], [q for _, q in batch], ctx)
+                        latency = (time.perf_counter() - t0) / len(batch)  # lockstep: the batch's wall time, amortised
+                        for (dataset, q), (traj, error) in zip(batch, results, strict=True):
+                            record = {
+                                "dataset": dataset,
+                                "method": method,
+                                "qid": q.id,
+                                "fingerprint": fingerprint,
+                                "inputs": prediction_inputs(q, kbs_id, cfg.seed),
+                                "latency_s": latency,
+                                "error": error,
+                                "trajectory": traj.to_dict(),
+                            }
+                            writer.write(record)
+                            cache[cache_key(dataset, method, q.id)] = record
+                            computed += 1
+                            if on_prediction is not None:
+                                on_prediction(record)
+                del ctx, current  # this group's policy is not needed again: free it before the next one loads
+                release_policy()
+    except KeyboardInterrupt as e:  # Ctrl-C: `kbrouter` prints what was kept
+        e.args = (f"{computed} predictions computed this run; {len(cache)} cached in {cache_path}",)
+        raise
     legacy = sum(1 for r in cache.values() if "inputs" not in r)
     logger.info(
         "computed %d predictions (%d cached, %d of them from before inputs were recorded)",

@@ -28,6 +28,64 @@ ENCODER_BACKENDS = ("sentence-transformers", "flagembedding")
 FIX_INDEX = "kbrouter index --kb {file} --force"
 
 
+def read_text(path: str | os.PathLike) -> str:
+    """A text file's contents as UTF-8.
+
+    Raises:
+        ValueError: the file is not UTF-8; the message names `path:line` and the fix.
+    """
+    data = Path(path).read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise ValueError(
+            f"{path}:{line}: not UTF-8 text (byte {data[e.start]:#04x} at offset {e.start}); save the file as UTF-8"
+        ) from None
+
+
+_SCALARS = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}
+
+
+def check_field_types(obj: object, where: str = "") -> None:
+    """Check the plain scalar fields (`int`, `float`, `bool`, `str`, optionally `| None`) of a dataclass instance:
+    `k: true` is not an int, `m: abc` is not a number, `mmap: 'no'` is not a bool.
+
+    Raises:
+        ValueError: a field holds a value of another type; the message names the key and what it needs.
+    """
+    for f in fields(obj):  # type: ignore[arg-type]
+        kind = str(f.type).replace(" ", "")
+        optional = kind.endswith("|None")
+        kind = kind.removesuffix("|None")
+        if kind not in _SCALARS:
+            continue
+        value = getattr(obj, f.name)
+        if value is None and optional:
+            continue
+        ok = isinstance(value, _SCALARS[kind]) and (kind == "bool" or not isinstance(value, bool))
+        if not ok:
+            need = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}[kind]
+            hint = " (quoted in the YAML?)" if isinstance(value, str) and kind != "str" else ""
+            raise ValueError(f"{where}`{f.name}` must be {need}{' or null' if optional else ''}, got {value!r}{hint}")
+
+
+def load_yaml(path: str | os.PathLike, loader=yaml.safe_load):  # noqa: ANN001, ANN201 - any YAML value
+    """Parse a YAML file (UTF-8; `loader` maps its text to data).
+
+    Raises:
+        ValueError: not UTF-8, or a YAML syntax error; the message names `path:line:column` and the problem.
+    """
+    text = read_text(path)
+    try:
+        return loader(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        problem = " ".join(x for x in (getattr(e, "context", None), getattr(e, "problem", None)) if x) or str(e)
+        raise ValueError(f"{where}: YAML syntax error: {problem}; fix the YAML there") from None
+
+
 def default_cache_dir() -> Path:
     """Return `$KBROUTER_CACHE` or `~/.cache/kbrouter`."""
     return Path(os.environ.get("KBROUTER_CACHE") or Path.home() / ".cache" / "kbrouter").expanduser()
@@ -104,10 +162,18 @@ class KBConfig:
         ):
             if value not in valid:
                 raise ValueError(f"KB {self.name!r}: `{key}` is {value!r}; use one of {', '.join(valid)}")
-        for key in ("k", "chunk_words", "batch_size", "hnsw_m", "ivf_nlist", "nprobe", "rrf_k", "fusion_depth"):
+        for key in ("display_name", "encoder", "description"):
+            value = getattr(self, key, "")
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"KB {self.name!r}: `{key}` must be a string, got {value!r}; quote it in the YAML")
+        int_keys = ("k", "chunk_words", "batch_size", "hnsw_m", "hnsw_ef_construction", "hnsw_ef_search")
+        for key in (*int_keys, "ivf_nlist", "nprobe", "rrf_k", "fusion_depth"):
             value = getattr(self, key)
-            if not isinstance(value, int) or value < 1:
+            # a bool is an int to Python: `k: true` would silently become 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"KB {self.name!r}: `{key}` must be a positive integer, got {value!r}")
+        if not isinstance(self.mmap, bool):  # `mmap: 'no'` is a truthy string: it would turn mmap on
+            raise ValueError(f"KB {self.name!r}: `mmap` must be true or false (unquoted), got {self.mmap!r}")
         if not isinstance(self.options, dict):
             raise ValueError(f"KB {self.name!r}: `options` must be a mapping, got {type(self.options).__name__}")
         self.corpus = Path(self.corpus)
@@ -143,8 +209,7 @@ def load_kb_configs(path: str | os.PathLike) -> list[KBConfig]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"KB config file {str(path)!r} does not exist")
-    with path.open() as f:
-        data = yaml.safe_load(f) or {}
+    data = load_yaml(path) or {}
     if not isinstance(data, dict) or not isinstance(data.get("knowledge_bases"), list):
         raise ValueError(f"{path}: expected a top-level `knowledge_bases:` list of KB mappings")
     unknown_top = set(data) - {"knowledge_bases"}

@@ -13,10 +13,17 @@ def iter_jsonl_objects(path: str | Path) -> Iterator[tuple[int, dict]]:
     Uses Python's parser (it accepts the bare `NaN` of the paper's Dyn-VQA file, which strict parsers reject).
 
     Raises:
-        ValueError: a line is not JSON, or not an object; the message names `path:line` and the fix.
+        ValueError: a line is not UTF-8, not JSON, or not an object; the message names `path:line` and the fix.
     """
-    with Path(path).open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
+    with Path(path).open("rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(
+                    f"{path}:{n}: not UTF-8 text (byte {raw[e.start]:#04x} at column {e.start + 1}); "
+                    "save the file as UTF-8"
+                ) from None
             if not line.strip():
                 continue
             try:

@@ -52,3 +52,51 @@ def test_unknown_key_in_agent_config_is_named(tmp_path, capsys):
     cfg.write_text("agent:\n  max_stepz: 2\n")
     assert main(["ask", "q", "--config", str(cfg)]) == 2
     assert "max_stepz" in capsys.readouterr().err
+
+
+def test_a_yaml_syntax_error_is_one_line_naming_file_and_line(tmp_path, capsys):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("agent:\n  max_steps: [2\n")
+    assert main(["ask", "q", "--config", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert f"{cfg}:3:1: YAML syntax error" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_non_utf8_question_file_names_the_file_and_line(tmp_path, capsys):
+    q = tmp_path / "q.jsonl"
+    q.write_bytes(json.dumps({"id": "a", "question": "fine"}).encode() + b'\n{"id": "b", "question": "caf\xe9"}\n')
+    assert main(["run", "--kb", "configs/kb/demo.yaml", "--questions", str(q), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert f"{q}:2: not UTF-8 text" in err and "save the file as UTF-8" in err and "Traceback" not in err
+
+
+def test_debug_shows_the_traceback(tmp_path, capsys):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("agent:\n  max_stepz: 2\n")
+    with pytest.raises(ValueError, match="max_stepz"):
+        main(["--debug", "ask", "q", "--config", str(cfg)])
+    with pytest.raises(ValueError, match="max_stepz"):
+        main(["ask", "q", "--config", str(cfg), "--debug"])
+
+
+def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
+    import retrievers.build
+
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(retrievers.build, "main", interrupted)
+    assert main(["index", "--kb", "x.yaml"]) == 130
+    err = capsys.readouterr().err.strip()
+    assert err == "kbrouter index: interrupted: what was already written is kept; rerun the same command to resume"
+
+
+def test_an_unexpected_error_keeps_its_traceback(monkeypatch):
+    import retrievers.build
+
+    def bug(argv):
+        raise TypeError("a bug")
+
+    monkeypatch.setattr(retrievers.build, "main", bug)
+    with pytest.raises(TypeError, match="a bug"):
+        main(["index", "--kb", "x.yaml"])

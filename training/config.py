@@ -45,7 +45,15 @@ class RewardSpec:
             raise ValueError(f"a reward entry is {{name, weight, kwargs}}; got keys {sorted(d)}")
         if d["name"] not in REWARDS:
             raise ValueError(f"unknown reward {d['name']!r} in `rewards`; valid rewards: {sorted(REWARDS)}")
-        return cls(name=d["name"], weight=float(d.get("weight", 1.0)), kwargs=dict(d.get("kwargs") or {}))
+        weight = d.get("weight", 1.0)
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight >= 0:  # NaN fails too
+            raise ValueError(
+                f"reward {d['name']!r}: `weight` must be a number >= 0, got {weight!r} (a negative weight trains "
+                "the policy against the reward); set e.g. `weight: 0.5`, or 0 to log it without training on it"
+            )
+        if not isinstance(d.get("kwargs") or {}, dict):
+            raise ValueError(f"reward {d['name']!r}: `kwargs` must be a mapping, got {d['kwargs']!r}")
+        return cls(name=d["name"], weight=float(weight), kwargs=dict(d.get("kwargs") or {}))
 
 
 @dataclass
@@ -91,6 +99,12 @@ class StepDataArgs:
     )
 
     def _check_data_args(self) -> None:
+        max_steps = getattr(self, "max_steps", -1)
+        if isinstance(max_steps, bool) or not isinstance(max_steps, int) or not (max_steps == -1 or max_steps > 0):
+            raise ValueError(
+                f"`max_steps` must be -1 (train `num_train_epochs` epochs) or > 0, got {max_steps!r} (TRL would take "
+                "any other negative value as -1 and train whole epochs); set e.g. `max_steps: 100`"
+            )
         if not self.train_file:
             raise ValueError("`train_file` is required: set e.g. `train_file: data/steps.jsonl` in the YAML")
         if self.train_format not in FORMATS:
@@ -156,9 +170,24 @@ class StepGRPOConfig(GRPOConfig, StepDataArgs):
                 f"`num_generations` ({self.num_generations}) must be >= 2 for group-relative advantages; "
                 "set e.g. `num_generations: 8` in the YAML"
             )
-        specs = [RewardSpec.from_dict(r) for r in self.rewards]
+        if isinstance(self.beta, bool) or not isinstance(self.beta, (int, float)) or not self.beta >= 0:
+            raise ValueError(
+                f"`beta` (the KL coefficient) must be >= 0, got {self.beta!r} (a negative one pushes the policy away "
+                "from the reference); set e.g. `beta: 0.04`, or 0 for no KL term"
+            )
+        for key in ("epsilon", "epsilon_high"):
+            value = getattr(self, key, None)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
+                raise ValueError(f"`{key}` (the PPO clipping range) must be > 0, got {value!r}; set e.g. `{key}: 0.2`")
+        if not isinstance(self.rewards, list):
+            raise ValueError(f"`rewards` must be a list of {{name, weight, kwargs}}, got {self.rewards!r}")
+        specs = [RewardSpec.from_dict(r) if isinstance(r, dict) else r for r in self.rewards]
+        if any(not isinstance(s, RewardSpec) for s in specs):
+            raise ValueError(f"each `rewards` entry is a mapping {{name, weight, kwargs}}; got {self.rewards!r}")
         if not specs:
             raise ValueError("`rewards` is empty; list at least one of " + ", ".join(sorted(REWARDS)))
+        if all(s.weight == 0 for s in specs):
+            raise ValueError("every reward `weight` is 0: nothing would be trained; give at least one a weight > 0")
         if self.reward_weights is not None and list(self.reward_weights) != [s.weight for s in specs]:
             raise ValueError("set reward weights in `rewards: [{name, weight}]`, not in `reward_weights`")
         self.reward_weights = [s.weight for s in specs]
@@ -233,7 +262,9 @@ def load_config(command: str, path: str | Path | None, overrides: list[str] | No
         path = Path(path)
         if not path.exists():
             raise FileNotFoundError(f"recipe not found: {path}")
-        values = _yaml_load(path.read_text()) or {}
+        from retrievers.config import load_yaml
+
+        values = load_yaml(path, _yaml_load) or {}
         if not isinstance(values, dict):
             raise ValueError(f"{path}: a recipe is a mapping of keys to values")
     values.update(_parse_overrides(overrides or []))

@@ -61,9 +61,68 @@ def smollm2_path() -> str:
     return str(out)
 
 
+# The models that work with no network, named in the error of a model that cannot be found.
+OFFLINE_ALIASES = {
+    SMOLLM2: "SmolLM2-135M-Instruct, packaged",
+    ROUTER: "SmolLM2 + the shipped router adapter",
+    "tiny-qwen2.5-vl": "a tiny random Qwen2.5-VL for --backend vl smoke runs",
+}
+
+
+def hub_cache_dir() -> Path:
+    """The Hugging Face hub cache: `$HF_HUB_CACHE`, else `$HF_HOME/hub`, else `~/.cache/huggingface/hub`."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    return Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface").expanduser() / "hub"
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the hub can be reached now (False at once when `HF_HUB_OFFLINE` is set)."""
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        return False
+    import socket
+    from urllib.parse import urlparse
+
+    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    try:
+        socket.create_connection((url.hostname or "huggingface.co", url.port or 443), timeout=timeout).close()
+    except OSError:
+        return False
+    return True
+
+
+def check_model_available(name_or_path: str) -> None:
+    """Fail fast, naming the offline aliases, when a model is neither a local folder nor in the hub cache and the
+    hub cannot be reached (transformers would otherwise retry for minutes, then raise a bare `OSError`).
+
+    Raises:
+        FileNotFoundError: the model cannot be loaded from here.
+    """
+    aliases = ", ".join(f"{k} ({v})" for k, v in OFFLINE_ALIASES.items())
+    path = Path(name_or_path).expanduser()
+    if path.exists():
+        return
+    if name_or_path.startswith(("/", ".", "~")) or name_or_path.count("/") > 1:
+        raise FileNotFoundError(f"model folder {name_or_path!r} does not exist; fix the path, or use {aliases}")
+    snapshots = hub_cache_dir() / f"models--{name_or_path.replace('/', '--')}" / "snapshots"
+    if snapshots.is_dir() and any(snapshots.iterdir()):
+        return
+    if hub_reachable():
+        return  # transformers downloads it
+    raise FileNotFoundError(
+        f"model {name_or_path!r} is neither a local folder nor in the Hugging Face cache ({hub_cache_dir()}), and "
+        f"the hub cannot be reached (offline); download it where there is network (`huggingface-cli download "
+        f"{name_or_path}`) and copy the cache here, pass a local folder, or use an offline model: {aliases}"
+    )
+
+
 def resolve_model(name_or_path: str) -> str:
-    """Map the `smollm2` alias to its cached folder; anything else is a hub name or local path."""
-    return smollm2_path() if name_or_path.lower() == SMOLLM2 else name_or_path
+    """Map the `smollm2` alias to its cached folder; anything else is a hub name or local path, checked to be
+    loadable (`check_model_available`)."""
+    if name_or_path.lower() == SMOLLM2:
+        return smollm2_path()
+    check_model_available(name_or_path)
+    return name_or_path
 
 
 def resolve_policy_model(model: str, adapter: str | None) -> tuple[str, str | None]:

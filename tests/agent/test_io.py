@@ -91,7 +91,7 @@ def fake_run(tmp_path, monkeypatch):
 
     asked: list[str] = []
 
-    def setup(args):
+    def setup(args, questions=None):
         kbs = {"Text Retriever": KnowledgeBase("text", "Text Retriever", FakeRetriever("text", ["paris"]), k=1)}
         agent = StepAgent(ScriptedPolicy(script), kbs, AgentConfig(max_steps=1, min_steps=0, few_shot=False))
         run = agent.run

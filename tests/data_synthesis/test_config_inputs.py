@@ -48,11 +48,33 @@ def test_overrides(overrides, check):
         ({"shard": 3, "num_shards": 2}, "out of range"),
         ({"teacher": {"backend": "tgi"}}, "'tgi' is unknown"),  # backends come from agent.backends.factory
         ({"teacher": {"kwargs": {"tp": 4}}}, "teacher: unknown key\\(s\\) \\['tp'\\]"),  # backend kwargs checked early
+        # wrong types and ranges, each a traceback or a silent wrong value before
+        ({"m": "abc"}, r"`m` must be an integer, got 'abc'"),
+        ({"temperature": "hot"}, r"`temperature` must be a number"),
+        ({"top_p": 0}, r"0 < `top_p` <= 1"),
+        ({"plan_tokens": 0}, r"`plan_tokens` must be >= 1"),
+        ({"teacher": {"retries": "3"}}, r"teacher.`retries` must be an integer"),
+        ({"inputs": [{"path": "x", "limit": "ten"}]}, r"input 'x': `limit` must be an integer or null"),
+        ({"rejection": {"max_steps": True}}, r"rejection.`max_steps` must be an integer or null"),
     ],
 )
 def test_bad_config_names_the_problem(values, message):
     with pytest.raises(ValueError, match=message):
         SynthConfig(**values)
+
+
+def test_m_abc_on_the_command_line_is_one_clear_error():
+    with pytest.raises(ValueError, match=r"`m` must be an integer, got 'abc'"):
+        load_config(ROOT / "configs" / "synth" / "smollm2_cpu.yaml", ["--m", "abc"])
+
+
+def test_a_broken_input_line_names_the_file_and_line(tmp_path):
+    from data_synthesis.inputs import load_rows
+
+    path = tmp_path / "qa.jsonl"
+    path.write_text('{"id": "1", "question": "q?", "golden_answers": ["a"]}\n{"id": "2", "question": \n')
+    with pytest.raises(ValueError, match=r"qa.jsonl:2: not valid JSON"):
+        load_rows(path)
 
 
 def test_unknown_top_level_key_names_the_key_and_the_fix():

@@ -51,7 +51,7 @@ def test_resume_after_interruption_computes_only_missing(tmp_path: Path, questio
         if len(done) == total // 2:
             raise Interrupt
 
-    with pytest.raises(Interrupt):
+    with pytest.raises(Interrupt, match=f"^{total // 2} predictions computed this run; {total // 2} cached in "):
         run_eval(cfg, policy=FakePolicy(), kbs=fake_kbs, on_prediction=stop_halfway)
     cached = read_cache(Path(cfg.output_dir) / "cache.jsonl")
     assert len(cached) == total // 2
@@ -164,6 +164,10 @@ def test_unknown_method_lists_valid_ones(tmp_path: Path, questions_file: Path, f
         (["agent.max_step=2"], r"`agent` has unknown key\(s\) \['max_step'\]"),  # typo in an agent field
         (["batch_size=0"], r"`batch_size` must be >= 1"),  # invalid value, with the fix
         (["nokeyvalue"], r"is not key=value"),  # malformed override
+        (["seed=abc"], r"`seed` must be an integer, got 'abc'"),  # a wrong type: a traceback later, before
+        (["batch_size=true"], r"`batch_size` must be an integer, got True"),  # a bool is not a count
+        (["k_per_kb=0"], r"`k_per_kb` must be >= 1"),
+        (["methods=agent"], r"`methods` must be a list"),
     ],
 )
 def test_bad_config(tmp_path: Path, questions_file: Path, overrides: list[str], message: str) -> None:

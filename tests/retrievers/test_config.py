@@ -73,6 +73,14 @@ def test_default_cache_dir(monkeypatch):
         ("{name: wiki, kind: text, corpus: corpus.jsonl, k: 0}", ValueError, ["`k` must be a positive integer"]),
         # required keys
         ("{name: wiki, corpus: corpus.jsonl}", ValueError, [r"missing required key\(s\) \['kind'\]"]),
+        # silently wrong before: `k: true` became 1, `mmap: 'no'` turned mmap on, `display_name: 123` crashed the agent
+        ("{name: wiki, kind: text, corpus: corpus.jsonl, k: true}", ValueError, ["`k` must be a positive integer"]),
+        ("{name: wiki, kind: text, corpus: corpus.jsonl, mmap: 'no'}", ValueError, ["`mmap` must be true or false"]),
+        (
+            "{name: wiki, kind: text, corpus: corpus.jsonl, display_name: 123}",
+            ValueError,
+            ["`display_name` must be a"],
+        ),
     ],
 )
 def test_config_errors(tmp_path, entry, error, patterns):
@@ -107,6 +115,24 @@ def test_duplicate_names(tmp_path):
 def test_malformed_files(tmp_path, body, message):
     with pytest.raises(ValueError, match=message):
         load_kb_configs(write_yaml(tmp_path, body))
+
+
+def test_a_yaml_syntax_error_names_the_file_line_and_column(tmp_path):
+    path = write_yaml(tmp_path, "knowledge_bases:\n  - {name: wiki, kind: text\n")
+    with pytest.raises(ValueError, match=r"kbs.yaml:3:1: YAML syntax error: .*; fix the YAML there"):
+        load_kb_configs(path)
+
+
+def test_a_non_utf8_file_names_the_file_and_line(tmp_path):
+    path = tmp_path / "kbs.yaml"
+    path.write_bytes(b"knowledge_bases:\n  - {name: caf\xe9, kind: text, corpus: corpus.jsonl}\n")
+    with pytest.raises(ValueError, match=r"kbs.yaml:2: not UTF-8 text \(byte 0xe9 at offset \d+\); save the file as"):
+        load_kb_configs(path)
+
+
+def test_mmap_false_is_accepted(tmp_path):
+    path = write_yaml(tmp_path, "knowledge_bases:\n  - {name: wiki, kind: text, corpus: corpus.jsonl, mmap: false}\n")
+    assert load_kb_configs(path)[0].mmap is False
 
 
 def test_missing_yaml(tmp_path):

@@ -64,11 +64,32 @@ def test_paper_defaults_and_overrides():
         (["--step_types", "[retrieve]"], ValueError, "step_types"),  # unknown step type
         (["--lora", "{rank: 8}"], ValueError, "lora"),  # unknown LoRA key
         (["--train_file", ""], ValueError, "train_file"),  # no data
+        # destructive values: each would have trained (wrongly) before
+        (["--beta", "-1"], ValueError, r"`beta` \(the KL coefficient\) must be >= 0, got -1"),
+        (["--epsilon", "-0.2"], ValueError, r"`epsilon` .* must be > 0, got -0.2"),
+        (["--epsilon", "0"], ValueError, r"`epsilon` .* must be > 0"),
+        (
+            ["--rewards", "[{name: answer, weight: -1}]"],
+            ValueError,
+            r"reward 'answer': `weight` must be a number >= 0",
+        ),
+        (["--rewards", "[{name: answer, weight: yes}]"], ValueError, r"`weight` must be a number"),
+        (["--rewards", "[{name: answer, weight: 0}]"], ValueError, "every reward `weight` is 0"),
+        (["--max_steps", "-5"], ValueError, r"`max_steps` must be -1 .* or > 0, got -5"),
+        (["--max_steps", "0"], ValueError, r"`max_steps` must be -1"),
     ],
 )
 def test_bad_recipes_fail_at_parse_time(overrides, error, match):
     with pytest.raises(error, match=match):
         load_config("grpo", CPU_GRPO_RECIPE, overrides)
+
+
+def test_sft_max_steps_is_checked_too():
+    with pytest.raises(ValueError, match=r"`max_steps` must be -1"):
+        load_config("sft", REPO / "configs" / "train" / "smollm2_sft_cpu.yaml", ["--max_steps", "-5"])
+    assert (
+        load_config("sft", REPO / "configs" / "train" / "smollm2_sft_cpu.yaml", ["--max_steps", "-1"]).max_steps == -1
+    )
 
 
 def test_unknown_yaml_key_names_the_key(tmp_path):
