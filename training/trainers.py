@@ -174,20 +174,105 @@ def _count(values: list[str]) -> dict:
     return Counter(values)
 
 
+WEIGHT_FILES = ("adapter_model.safetensors", "model.safetensors", "model.safetensors.index.json", "adapter_model.bin",
+                "pytorch_model.bin")  # fmt: skip
+TORCH_FILES = ("optimizer.pt", "scheduler.pt", "rng_state.pth", "training_args.bin")  # torch.save: zip archives
+
+
+def _safetensors_problem(path: Path) -> str:
+    """Why a safetensors file is unreadable (its header is cut or its tensors run past the end), or ""."""
+    import json
+    import struct
+
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            return f"{path.name} is truncated ({size} bytes)"
+        (n,) = struct.unpack("<Q", head)
+        if 8 + n > size:
+            return f"{path.name} is truncated (header of {n} bytes, file of {size})"
+        try:
+            header = json.loads(f.read(n))
+        except ValueError:
+            return f"{path.name} has an unreadable header"
+    end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+    return f"{path.name} is truncated ({size} bytes, its tensors need {8 + n + end})" if 8 + n + end > size else ""
+
+
+def checkpoint_problems(path: str | Path) -> list[str]:
+    """Why a Trainer checkpoint folder is not a complete one (empty when it is).
+
+    The Trainer writes `trainer_state.json` last: a checkpoint without it, or with it unreadable, was cut short. The
+    weights must be present and whole (safetensors sizes checked against their headers), and the optimizer,
+    scheduler and RNG files, when present, whole zip archives (what `torch.save` writes).
+    """
+    import json
+    import zipfile
+
+    path = Path(path)
+    problems = []
+    state = path / "trainer_state.json"
+    try:
+        json.loads(state.read_text())
+    except FileNotFoundError:
+        problems.append("no trainer_state.json (the save was interrupted)")
+    except (ValueError, OSError):
+        problems.append("trainer_state.json is unreadable (the save was interrupted)")
+    weights = [path / name for name in WEIGHT_FILES if (path / name).is_file()]
+    if not weights:
+        problems.append(f"no weights ({' or '.join(WEIGHT_FILES[:2])})")
+    for w in weights:
+        if w.suffix == ".safetensors" and (problem := _safetensors_problem(w)):
+            problems.append(problem)
+    for name in TORCH_FILES:
+        f = path / name
+        if f.is_file() and not zipfile.is_zipfile(f):
+            problems.append(f"{name} is truncated or not a torch.save archive")
+    return problems
+
+
+def newest_complete_checkpoint(output_dir: str | Path) -> str | None:
+    """The `checkpoint-<step>` folder of `output_dir` with the highest step that is complete (see
+    `checkpoint_problems`); a half-written newer one is skipped with a warning naming what is wrong with it."""
+    import re
+
+    folders = [
+        p for p in Path(output_dir).glob("checkpoint-*") if p.is_dir() and re.fullmatch(r"checkpoint-\d+", p.name)
+    ]
+    for folder in sorted(folders, key=lambda p: int(p.name.split("-")[1]), reverse=True):
+        problems = checkpoint_problems(folder)
+        if not problems:
+            return str(folder)
+        logger.warning("skipping incomplete checkpoint %s: %s", folder, "; ".join(problems))
+    return None
+
+
 def resume_checkpoint(cfg) -> str | bool | None:
-    """`resume_from_checkpoint` as `Trainer.train` takes it: a path, `True` (latest in output_dir) or None."""
+    """`resume_from_checkpoint` as `Trainer.train` takes it: a path, or None.
+
+    `true` (or `last`, `latest`) picks the newest complete checkpoint in `output_dir`: a half-written newer one (a
+    run killed while saving) is skipped. A named checkpoint must be complete.
+
+    Raises:
+        FileNotFoundError: a named checkpoint folder does not exist.
+        ValueError: a named checkpoint is incomplete; the message names what is missing and the newest complete one.
+    """
     value = cfg.resume_from_checkpoint
     if value is None or str(value).lower() in ("", "false", "none"):
         return None
     if str(value).lower() in ("true", "last", "latest"):
-        from transformers.trainer_utils import get_last_checkpoint
-
-        last = get_last_checkpoint(cfg.output_dir) if Path(cfg.output_dir).is_dir() else None
+        last = newest_complete_checkpoint(cfg.output_dir) if Path(cfg.output_dir).is_dir() else None
         if last is None:
-            logger.info("no checkpoint in %s: starting from scratch", cfg.output_dir)
+            logger.info("no complete checkpoint in %s: starting from scratch", cfg.output_dir)
         return last
     if not Path(value).is_dir():
         raise FileNotFoundError(f"resume_from_checkpoint: no checkpoint folder at {value}")
+    problems = checkpoint_problems(value)
+    if problems:
+        other = newest_complete_checkpoint(Path(value).parent)
+        fix = f"resume from {other} instead" if other else "start from scratch (drop resume_from_checkpoint)"
+        raise ValueError(f"resume_from_checkpoint: {value} is incomplete ({'; '.join(problems)}); {fix}")
     return value
 
 
