@@ -39,12 +39,24 @@ def question_from_row(row: dict, where: str = "question") -> Question:
     if not isinstance(text, str) or not text.strip():
         raise ValueError(f"{where}: empty question for id {row['id']!r}")
     images = row.get("images") or ([row["image"]] if row.get("image") else [])
+    if not isinstance(images, list) or not all(isinstance(i, str) for i in images):
+        raise ValueError(
+            f"{where}: `images` of question {row['id']!r} must be a list of paths, got {images!r}; "
+            'e.g. `"images": ["photo.jpg"]` or `"image": "photo.jpg"`'
+        )
     for img in images:
         if not Path(img).exists():
             raise FileNotFoundError(f"{where}: image {img!r} of question {row['id']!r} does not exist")
     answers = row.get("answers", row.get("golden_answers"))
-    if isinstance(answers, str):
-        answers = [answers]
+    if isinstance(answers, (str, int, float)) and not isinstance(answers, bool):
+        answers = [answers]  # one answer, e.g. `"answers": 5`
+    if answers is not None and (
+        not isinstance(answers, list) or not all(isinstance(a, (str, int, float)) for a in answers)
+    ):
+        raise ValueError(
+            f"{where}: `answers` of question {row['id']!r} must be a list of strings, got {answers!r}; "
+            'e.g. `"answers": ["5"]`'
+        )
     meta = {
         k: v for k, v in row.items() if k not in {"id", "question", "image", "images", "answers", "golden_answers"}
     }

@@ -289,8 +289,17 @@ def _jsonl(spec: DatasetSpec, path: Path) -> list[dict]:
             if cols[key] not in r and not (key == "answers" and "golden_answers" in r):
                 raise ValueError(f"{path}:{n}: missing column {cols[key]!r} (for {key!r}); map it with `columns:`")
         answers = r.get(cols["answers"], r.get("golden_answers"))
+        if isinstance(answers, (int, float)) and not isinstance(answers, bool):
+            answers = str(answers)  # one answer, e.g. `"answers": 5`
         images = r.get(cols["images"]) or []
         evidence = r.get(cols["gold_evidence"]) or []
+        for key, value in (("answers", answers), ("images", images), ("gold_evidence", evidence)):
+            if not isinstance(value, (str, list)) or (
+                isinstance(value, list) and any(isinstance(v, (dict, list)) for v in value)
+            ):
+                raise ValueError(
+                    f"{path}:{n}: column {cols[key]!r} ({key}) must be a string or a list of strings, got {value!r}"
+                )
         rows.append(
             _row(
                 str(r.get(cols["id"], f"{spec.name}-{n}")),

@@ -56,12 +56,20 @@ def read_text_corpus(path: str | Path) -> Iterator[dict]:
         if "text" in row:
             text = row["text"]
         elif "contents" in row:
+            if not isinstance(row["contents"], str):
+                raise ValueError(f"{path}:{line_no}: `contents` is {row['contents']!r}, not a string")
             parsed_title, text = _split_contents(row["contents"])
             title = title or parsed_title
         else:
             raise ValueError(f"{path}:{line_no}: a corpus line needs `text` or `contents`; found {sorted(row)}")
         if doc_id is None:
             raise ValueError(f"{path}:{line_no}: a corpus line needs `id` (or `doc_id`); found {sorted(row)}")
+        if not isinstance(text, str):
+            raise ValueError(
+                f"{path}:{line_no}: the text of doc {doc_id!r} is {text!r}, not a string; give it text (or drop the line)"
+            )
+        if not isinstance(title, str):
+            raise ValueError(f"{path}:{line_no}: the title of doc {doc_id!r} is {title!r}, not a string; quote it")
         extra = {k: v for k, v in row.items() if k not in ("id", "doc_id", "title", "text", "contents")}
         yield {"id": str(doc_id), "title": title, "text": text, "metadata": extra}
 

@@ -132,3 +132,25 @@ def test_run_retries_errored_trajectories_unless_told_not_to(fake_run):
     records = list(iter_jsonl(out))
     assert sorted(r["id"] for r in records) == ["1", "2", "3", "4"]  # the errored record was replaced, not doubled
     assert {r["id"]: r["stop_reason"] for r in records}["2"] == "answered"
+
+
+@pytest.mark.parametrize(
+    ("row", "error", "match"),
+    [
+        ({"id": "a", "question": "q", "images": "x.png"}, ValueError, r"`images` of question 'a' must be a list"),
+        ({"id": "a", "question": "q", "image": 5}, ValueError, r"`images` of question 'a' must be a list"),
+        ({"id": "a", "question": "q", "answers": {"x": 1}}, ValueError, r"`answers` of question 'a' must be a list"),
+        ({"id": "a", "question": "q", "answers": [["x"]]}, ValueError, r"`answers` of question 'a' must be a list"),
+    ],
+)
+def test_a_malformed_question_row_is_named(row: dict, error: type, match: str) -> None:
+    from agent.io import question_from_row
+
+    with pytest.raises(error, match=match):
+        question_from_row(row, where="q.jsonl:3")
+
+
+def test_a_numeric_answer_is_one_answer() -> None:
+    from agent.io import question_from_row
+
+    assert question_from_row({"id": "a", "question": "q", "answers": 5}).answers == ("5",)

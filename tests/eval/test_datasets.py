@@ -31,11 +31,18 @@ def test_malformed_line_is_named(tmp_path: Path) -> None:
     [
         ('["not", "an", "object"]', r":1: expected a JSON object"),  # a JSON array instead of a row
         ('{"id": "a", "query": "q?", "answers": ["x"]}', r":1: missing column 'question'"),  # unmapped column
+        ('{"id": "a", "question": "q?", "answers": {"x": 1}}', r":1: column 'answers' \(answers\) must be a string"),
+        ('{"id": "a", "question": "q?", "answers": ["x"], "images": 3}', r":1: column 'images' \(images\) must be"),
     ],
 )
 def test_bad_rows(tmp_path: Path, line: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         load_dataset(DatasetSpec(name="t", loader="jsonl", path=str(_write(tmp_path / "q.jsonl", [line]))))
+
+
+def test_a_numeric_answer_is_one_answer(tmp_path: Path) -> None:
+    path = _write(tmp_path / "q.jsonl", ['{"id": "a", "question": "How many?", "answers": 5}'])
+    assert load_dataset(DatasetSpec(name="t", loader="jsonl", path=str(path))).questions[0].answers == ("5",)
 
 
 def test_generic_jsonl_with_column_mapping(tmp_path: Path) -> None:

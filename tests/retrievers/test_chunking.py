@@ -86,3 +86,20 @@ def test_passages_keep_source_and_prepend_title():
     # document granularity keeps records whole
     docs, _ = passages(records, kb="kb1", granularity="document", max_words=100)
     assert [len(d.text.split()) for d in docs] == [150, 2]
+
+
+@pytest.mark.parametrize(
+    ("line", "match"),
+    [
+        ('{"id": "a", "text": null}', r"c.jsonl:2: the text of doc 'a' is None, not a string"),
+        ('{"id": "a", "text": "x", "title": 7}', r"c.jsonl:2: the title of doc 'a' is 7, not a string"),
+        ('{"id": "a", "contents": null}', r"c.jsonl:2: `contents` is None, not a string"),
+    ],
+)
+def test_a_corpus_line_of_the_wrong_type_is_named(tmp_path, line, match):
+    from retrievers.chunking import read_text_corpus
+
+    path = tmp_path / "c.jsonl"
+    path.write_text('{"id": "ok", "text": "fine"}\n' + line + "\n")
+    with pytest.raises(ValueError, match=match):
+        list(read_text_corpus(path))
