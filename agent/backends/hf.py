@@ -77,12 +77,36 @@ class TransformersPolicy:
         """The prompt string the model sees for one conversation."""
         return self.tokenizer.apply_chat_template(text_only(conversation), tokenize=False, add_generation_prompt=True)
 
+    def context_length(self) -> int | None:
+        """The most tokens (prompt + completion) the model takes, from its config; None when it does not say."""
+        n = getattr(self.model.config, "max_position_embeddings", None)
+        return int(n) if isinstance(n, int) and n > 0 else None
+
     def generate(self, conversations: list[list[Message]], params: SamplingParams) -> list[Completion]:
-        """One completion per conversation; long batches are split into `max_batch_size` chunks."""
+        """One completion per conversation; long batches are split into `max_batch_size` chunks.
+
+        A conversation whose prompt plus `max_new_tokens` exceeds the model's context is refused before generation:
+        its completion has `finish_reason="error"` and says so (the agent records a `backend_error` for that
+        question alone); the model is never run on a prompt it would crash on or silently cut.
+        """
         prompts = [self.render(c) for c in conversations]
-        # Sorting by length keeps padding small inside each chunk; results go back in input order.
-        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
         out: list[Completion | None] = [None] * len(prompts)
+        context = self.context_length()
+        if context is not None:
+            lengths = [len(ids) for ids in self.tokenizer(prompts, add_special_tokens=False)["input_ids"]]
+            for i, n in enumerate(lengths):
+                if n + params.max_new_tokens > context:
+                    out[i] = Completion(
+                        text="",
+                        prompt_tokens=0,
+                        finish_reason="error",
+                        metadata={
+                            "error": f"prompt of {n} tokens + {params.max_new_tokens} new ones exceeds the context "
+                            f"of {self.name} ({context} tokens); shorten the question (or lower agent.evidence_chars)"
+                        },
+                    )
+        # Sorting by length keeps padding small inside each chunk; results go back in input order.
+        order = sorted((i for i in range(len(prompts)) if out[i] is None), key=lambda i: len(prompts[i]))
         for start in range(0, len(order), self.max_batch_size):
             idx = order[start : start + self.max_batch_size]
             for i, c in zip(idx, self._generate_chunk([prompts[i] for i in idx], params), strict=True):
