@@ -88,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             raise
         kept = str(e.args[0]) if e.args else "what was already written is kept"
-        print(f"\nkbrouter {name}: interrupted: {kept}; rerun the same command to resume", file=sys.stderr)
+        how = "" if "rerun" in kept else "; rerun the same command to resume"
+        print(f"\nkbrouter {name}: interrupted: {kept}{how}", file=sys.stderr)
         return 130
     except Exception as e:
         if debug or not isinstance(e, _expected_errors()):

@@ -100,3 +100,15 @@ def test_an_unexpected_error_keeps_its_traceback(monkeypatch):
     monkeypatch.setattr(retrievers.build, "main", bug)
     with pytest.raises(TypeError, match="a bug"):
         main(["index", "--kb", "x.yaml"])
+
+
+def test_ctrl_c_keeps_a_commands_own_resume_hint(monkeypatch, capsys):
+    import training.cli
+
+    def interrupted(argv):
+        raise KeyboardInterrupt("stopped at step 7; rerun with --resume_from_checkpoint true")
+
+    monkeypatch.setattr(training.cli, "main", interrupted)
+    assert main(["train", "sft", "--config", "x.yaml"]) == 130
+    err = capsys.readouterr().err.strip()
+    assert err == "kbrouter train: interrupted: stopped at step 7; rerun with --resume_from_checkpoint true"

@@ -37,7 +37,15 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logger.info("resolved %s config:\n%s", args.command, cfg)
     trainer = build_grpo_trainer(cfg) if args.command == "grpo" else build_sft_trainer(cfg)
-    metrics = train(trainer, cfg)
+    try:
+        metrics = train(trainer, cfg)
+    except KeyboardInterrupt as e:  # Ctrl-C: `kbrouter` prints this one line
+        step = trainer.state.global_step
+        e.args = (
+            f"stopped at step {step}; the checkpoints in {cfg.output_dir} are kept (every save_steps); rerun with "
+            "--resume_from_checkpoint true to resume from the newest complete one",
+        )
+        raise
     logger.info("done: %s", metrics)
     print(f"{args.command} finished: global_step={trainer.state.global_step} saved to {cfg.output_dir}")  # noqa: T201
     return 0
