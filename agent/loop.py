@@ -103,6 +103,22 @@ class AgentConfig:
     )
 
     def __post_init__(self) -> None:
+        from retrievers.config import check_field_types
+
+        check_field_types(self, "agent.")
+        for key in ("plan_tokens", "answer_tokens", "final_tokens", "evidence_chars"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"agent.{key} must be >= 1, got {getattr(self, key)}")
+        if self.temperature < 0 or self.retry_temperature < 0 or not 0 < self.top_p <= 1:
+            raise ValueError(
+                f"need agent.temperature, agent.retry_temperature >= 0 and 0 < agent.top_p <= 1; got "
+                f"{self.temperature}, {self.retry_temperature} and {self.top_p}"
+            )
+        if self.top_k_sampling < 0 or self.evidence_images < 0:
+            raise ValueError(
+                f"agent.top_k_sampling and agent.evidence_images must be >= 0, got {self.top_k_sampling} and "
+                f"{self.evidence_images}"
+            )
         if self.max_steps < 0:
             raise ValueError(f"max_steps must be >= 0, got {self.max_steps}")
         if self.top_k < 1:

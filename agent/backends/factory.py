@@ -35,6 +35,19 @@ class PolicyConfig:
     max_pixels: int = 512 * 28 * 28
 
     def __post_init__(self) -> None:
+        from retrievers.config import check_field_types
+
+        check_field_types(self, "policy.")
+        for key in ("max_batch_size", "concurrency", "tensor_parallel_size", "max_model_len"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"policy.{key} must be >= 1, got {getattr(self, key)}")
+        if self.max_images < 0 or not 0 < self.min_pixels <= self.max_pixels:
+            raise ValueError(
+                f"need policy.max_images >= 0 and 0 < policy.min_pixels <= policy.max_pixels; got {self.max_images}, "
+                f"{self.min_pixels} and {self.max_pixels}"
+            )
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"policy.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.backend not in BACKENDS:
             raise ValueError(f"policy.backend {self.backend!r} is unknown; valid: {list(BACKENDS)}")
         if self.model.lower() == "smollm2-kbrouter" and self.backend != "transformers":

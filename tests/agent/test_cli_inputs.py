@@ -171,3 +171,36 @@ def test_the_vl_backend_fails_fast_offline_through_the_cli(
     assert main([*argv, "--model", "Qwen/Qwen2.5-VL-7B-Instruct"]) == 2
     err = capsys.readouterr().err
     assert "tiny-qwen2.5-vl" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        ({"max_steps": "3"}, r"agent.`max_steps` must be an integer, got '3'"),
+        ({"few_shot": "no"}, r"agent.`few_shot` must be true or false"),
+        ({"plan_tokens": 0}, r"agent.plan_tokens must be >= 1"),
+        ({"temperature": -1.0}, r"agent.temperature"),
+        ({"top_p": 0.0}, r"0 < agent.top_p <= 1"),
+    ],
+)
+def test_agent_settings_are_type_and_range_checked(overrides: dict, match: str) -> None:
+    from agent.loop import AgentConfig
+
+    with pytest.raises(ValueError, match=match):
+        AgentConfig(**overrides)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        ({"max_batch_size": 0}, r"policy.max_batch_size must be >= 1"),
+        ({"max_batch_size": "8"}, r"policy.`max_batch_size` must be an integer"),
+        ({"model": 7}, r"policy.`model` must be a string"),
+        ({"min_pixels": 10, "max_pixels": 5}, r"0 < policy.min_pixels <= policy.max_pixels"),
+    ],
+)
+def test_policy_settings_are_type_and_range_checked(overrides: dict, match: str) -> None:
+    from agent.backends.factory import PolicyConfig
+
+    with pytest.raises(ValueError, match=match):
+        PolicyConfig(**overrides)
