@@ -91,8 +91,12 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(
             f"  {m:<22} F1-R {100 * r.get('answer/f1_recall', 0):5.1f}  EM {100 * r.get('answer/em', 0):5.1f}  "  # noqa: T201
-            f"steps {r.get('cost/steps', 0):.2f}  tok {r.get('cost/gen_tokens', 0):.0f}  "
-            f"errors {100 * r['run/error']:.1f}% (left out of the scores; rerun to retry them)"
+            f"steps {r.get('cost/steps', 0):.2f}  tok {r.get('cost/gen_tokens', 0):.0f}"
+            + (
+                f"  errors {100 * r['run/error']:.1f}% (left out of the scores; rerun to retry them)"
+                if r["run/error"]
+                else ""
+            )
         )
     return 0
 
