@@ -243,40 +243,46 @@ def run_synthesis(cfg: SynthConfig, policy: Policy | None = None, kbs: dict[str,
         display_names = {kb.name: kb.display_name for kb in kbs.values()}
         bar = _progress_bar(cfg, total=len(questions), initial=sum(len(batches[b]) for b in done))
         accepted = sum(p["accepted"] for p in progress)
-        for b in todo:
-            t0 = time.perf_counter()
-            failures0 = policy.failures if annotator is None else 0
-            if annotator is not None:
-                trajectories = annotator.run_batch(batches[b])
-            else:
-                agent = StepAgent(policy, kbs, agent_config(cfg, batch_seed(cfg.seed, batches[b][0].id)))
-                trajectories = agent.run_batch(expand(batches[b], cfg.m))
-            lines: dict[str, list[str]] = {name: [] for name in OUTPUTS}
-            n_acc = 0
-            for start in range(0, len(trajectories), cfg.m):
-                for v in judge_group(trajectories[start : start + cfg.m], cfg.rejection):
-                    traj = replace(v.trajectory, metadata={**v.trajectory.metadata, "score": v.score, "batch": b})
-                    d = traj.to_dict()
-                    if v.accepted:
-                        n_acc += 1
-                        lines["trajectories.jsonl"].append(_dumps(d))
-                        lines["steps.jsonl"] += [_dumps(r) for r in step_records(traj, kb_menu, display_names)]
-                    else:
-                        lines["rejected.jsonl"].append(_dumps({
-                            "id": traj.id, "question_id": traj.metadata["question_id"],
-                            "dataset": traj.metadata.get("dataset", ""), "sample": traj.metadata["sample"],
-                            "reasons": list(v.reasons), "score": v.score, "trajectory": d,
-                        }))  # fmt: skip
-            sizes = {name: _append(folder / name, lines[name]) for name in OUTPUTS}
-            seconds = time.perf_counter() - t0
-            commit = {"batch": b, "ids": [q.id for q in batches[b]], "trajectories": len(trajectories),
-                      "accepted": n_acc, "seconds": round(seconds, 3), "sizes": sizes,
-                      "teacher_failures": (policy.failures - failures0) if annotator is None else 0}  # fmt: skip
-            _append(folder / PROGRESS, [_dumps(commit)])  # the commit point
-            progress.append(commit)
-            accepted += n_acc
-            bar.set_postfix(accepted=accepted, traj_per_min=f"{60 * len(trajectories) / max(seconds, 1e-9):.1f}")
-            bar.update(len(batches[b]))
+        try:
+            for b in todo:
+                t0 = time.perf_counter()
+                failures0 = policy.failures if annotator is None else 0
+                if annotator is not None:
+                    trajectories = annotator.run_batch(batches[b])
+                else:
+                    agent = StepAgent(policy, kbs, agent_config(cfg, batch_seed(cfg.seed, batches[b][0].id)))
+                    trajectories = agent.run_batch(expand(batches[b], cfg.m))
+                lines: dict[str, list[str]] = {name: [] for name in OUTPUTS}
+                n_acc = 0
+                for start in range(0, len(trajectories), cfg.m):
+                    for v in judge_group(trajectories[start : start + cfg.m], cfg.rejection):
+                        traj = replace(v.trajectory, metadata={**v.trajectory.metadata, "score": v.score, "batch": b})
+                        d = traj.to_dict()
+                        if v.accepted:
+                            n_acc += 1
+                            lines["trajectories.jsonl"].append(_dumps(d))
+                            lines["steps.jsonl"] += [_dumps(r) for r in step_records(traj, kb_menu, display_names)]
+                        else:
+                            lines["rejected.jsonl"].append(_dumps({
+                                "id": traj.id, "question_id": traj.metadata["question_id"],
+                                "dataset": traj.metadata.get("dataset", ""), "sample": traj.metadata["sample"],
+                                "reasons": list(v.reasons), "score": v.score, "trajectory": d,
+                            }))  # fmt: skip
+                sizes = {name: _append(folder / name, lines[name]) for name in OUTPUTS}
+                seconds = time.perf_counter() - t0
+                commit = {"batch": b, "ids": [q.id for q in batches[b]], "trajectories": len(trajectories),
+                          "accepted": n_acc, "seconds": round(seconds, 3), "sizes": sizes,
+                          "teacher_failures": (policy.failures - failures0) if annotator is None else 0}  # fmt: skip
+                _append(folder / PROGRESS, [_dumps(commit)])  # the commit point
+                progress.append(commit)
+                accepted += n_acc
+                bar.set_postfix(accepted=accepted, traj_per_min=f"{60 * len(trajectories) / max(seconds, 1e-9):.1f}")
+                bar.update(len(batches[b]))
+        except KeyboardInterrupt as e:  # Ctrl-C: `kbrouter` prints what was kept
+            bar.close()
+            kept = sum(len(c["ids"]) for c in progress)
+            e.args = (f"{kept} of {len(questions)} questions done (committed batches in {folder})",)
+            raise
         bar.close()
     return finalize(folder, cfg.m, export_format=cfg.export_format if cfg.num_shards == 1 else "none")
 

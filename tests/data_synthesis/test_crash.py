@@ -129,3 +129,26 @@ def test_uncommitted_batch_and_torn_lines_are_rolled_back(tmp_path, reference, m
         f.write('{"batch": 2, "ids"')
     run_synthesis(cfg, policy=ScriptedPolicy(), kbs=fake_kbs())
     assert snapshot(out) == reference
+
+
+def test_ctrl_c_says_how_many_questions_were_committed(tmp_path, reference, monkeypatch):
+    _questions(tmp_path / "q.jsonl")
+    cfg = SynthConfig(**_config(tmp_path, "out"))
+    real_append = job._append
+    calls = {"n": 0}
+
+    def interrupted_append(path: Path, lines: list[str]) -> int:
+        if path.name == PROGRESS:
+            calls["n"] += 1
+            if (
+                calls["n"] == 3
+            ):  # Ctrl-C while batch 2 commits: 2 batches of 2 questions are kept (the gold-less one is skipped)
+                raise KeyboardInterrupt
+        return real_append(path, lines)
+
+    monkeypatch.setattr(job, "_append", interrupted_append)
+    with pytest.raises(KeyboardInterrupt, match=rf"^4 of {2 * len(CASES)} questions done \(committed batches in "):
+        run_synthesis(cfg, policy=ScriptedPolicy(), kbs=fake_kbs())
+    monkeypatch.setattr(job, "_append", real_append)
+    run_synthesis(cfg, policy=ScriptedPolicy(), kbs=fake_kbs())
+    assert snapshot(tmp_path / "out") == reference
