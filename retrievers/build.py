@@ -43,9 +43,16 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for cfg in configs:
         start = time.perf_counter()
-        index_dir, manifest, reused = build_kb_status(
-            cfg, force=args.force, progress=not args.quiet, verify=args.verify
-        )
+        try:
+            index_dir, manifest, reused = build_kb_status(
+                cfg, force=args.force, progress=not args.quiet, verify=args.verify
+            )
+        except KeyboardInterrupt as e:  # Ctrl-C: `kbrouter` prints what was kept
+            e.args = (
+                f"{len(rows)} of {len(configs)} KB indexes ready; {cfg.name}'s unfinished build is never used "
+                "(an index is swapped in only when complete)",
+            )
+            raise
         status = ("reused (verified)" if args.verify else "reused (up to date)") if reused else "built"
         rows.append(
             (

@@ -38,3 +38,25 @@ def test_unknown_only_name(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["--kb", str(tmp_path / "kb.yaml"), "--only", "veg"])
     assert "unknown KB name(s) ['veg']" in capsys.readouterr().err
+
+
+def test_ctrl_c_says_how_many_indexes_are_ready(tmp_path, monkeypatch):
+    import retrievers.build
+
+    (tmp_path / "c.jsonl").write_text('{"id": "a", "text": "red apples"}\n')
+    kb_yaml = tmp_path / "kb.yaml"
+    kb_yaml.write_text(
+        "knowledge_bases:\n"
+        "  - {name: fruit, kind: text, corpus: c.jsonl, search: bm25, index_dir: idx}\n"
+        "  - {name: other, display_name: Other, kind: text, corpus: c.jsonl, search: bm25, index_dir: idx2}\n"
+    )
+    real = retrievers.build.build_kb_status
+
+    def interrupted(cfg, **kw):
+        if cfg.name == "other":
+            raise KeyboardInterrupt
+        return real(cfg, **kw)
+
+    monkeypatch.setattr(retrievers.build, "build_kb_status", interrupted)
+    with pytest.raises(KeyboardInterrupt, match=r"^1 of 2 KB indexes ready; other's unfinished build is never used"):
+        main(["--kb", str(kb_yaml), "--quiet"])
