@@ -202,7 +202,15 @@ class StepGRPOConfig(GRPOConfig, StepDataArgs):
 class StepSFTConfig(SFTConfig, StepDataArgs):
     """SFT recipe on step records: TRL's `SFTConfig` plus step data and the policy."""
 
+    decision_weight: float = field(
+        default=1.0,
+        metadata={"help": "loss weight of a plan's decision tokens (search-or-stop, the KB name); 1 = plain SFT "
+                          "(training/decision_loss.py)"},
+    )  # fmt: skip
+
     def __post_init__(self):
+        if not self.decision_weight > 0:
+            raise ValueError(f"`decision_weight` must be > 0 (1 = plain SFT); got {self.decision_weight}")
         self._check_data_args()
         super().__post_init__()
 

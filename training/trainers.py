@@ -146,7 +146,7 @@ def build_grpo_trainer(cfg: StepGRPOConfig):
 
 def build_sft_trainer(cfg: StepSFTConfig):
     """SFT on step records: prompt + gold completion written with the step's tags (loss on the completion)."""
-    from trl import SFTTrainer
+    from training.decision_loss import DecisionWeightedSFTTrainer
 
     train = load_records(cfg, cfg.train_file)
     evals = load_records(cfg, cfg.eval_file) if cfg.eval_file else None
@@ -158,13 +158,14 @@ def build_sft_trainer(cfg: StepSFTConfig):
     eval_ds = eval_ds.select_columns(keep) if eval_ds is not None else None
     logger.info("SFT on %d step examples", len(train_ds))
     model = load_policy(model_path, cfg.model_dtype, cfg.init_adapter)
-    return SFTTrainer(
+    return DecisionWeightedSFTTrainer(
         model=model,
         args=cfg,
         train_dataset=train_ds,
         eval_dataset=eval_ds,
         processing_class=processing_class,
         peft_config=cfg.lora_config(),
+        decision_weight=cfg.decision_weight,
     )
 
 

@@ -121,3 +121,29 @@ def test_resume_continues_at_same_step_with_same_data(tiny_vl_dir, short_steps_f
     assert trainer_b.state.global_step == 3
     assert {x[0] for x in seen} == {2}, f"resumed run re-did earlier steps: {seen}"
     assert sorted(seen) == sorted(uninterrupted)
+
+
+def test_decision_weight_adds_the_decision_tokens_loss(smollm2_dir, short_steps_file, tmp_path):
+    """The same batch and weights: w = 4 adds exactly 3x the decision tokens' loss to plain SFT's loss (w = 1)."""
+    import torch
+
+    from training.decision_loss import decision_mask
+
+    args = ["--train_file", str(short_steps_file), "--train_format", "steps", "--step_types", "null",
+            "--max_steps", "1", "--output_dir", str(tmp_path), "--save_strategy", "no", "--lora", "null",
+            "--bf16", "false"]  # fmt: skip
+    trainer = build_sft_trainer(load_config("sft", CPU_SFT_RECIPE, [*args, "--decision_weight", "4"]))
+    batch = trainer._prepare_inputs(trainer.data_collator([trainer.train_dataset[i] for i in range(2)]))
+    mask = decision_mask(batch["labels"], *trainer._tags)
+    assert mask.sum() >= 2  # the plan record's first sub-question token and its KB name
+    trainer.model.train()
+    with torch.no_grad():
+        weighted = trainer.compute_loss(trainer.model, dict(batch)).item()
+        trainer.decision_weight = 1.0
+        plain = trainer.compute_loss(trainer.model, dict(batch)).item()
+        logits = trainer.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    logp = logits[:, :-1].log_softmax(-1).gather(-1, batch["labels"][:, 1:].clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    n = (batch["labels"][:, 1:] != -100).sum()
+    decision_loss = -(logp * mask[:, 1:]).sum() / n
+    assert weighted > plain
+    assert weighted == pytest.approx(plain + 3 * decision_loss.item(), rel=1e-3)
