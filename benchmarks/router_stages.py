@@ -24,7 +24,7 @@ for _k, _v in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_P
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-STAGES = {"base": None, "sft": "runs/train/smollm2_router_sft", "grpo": "models/smollm2-kbrouter"}
+STAGES = {"base": None, "sft": "runs/train/smollm2_router_sft_decisions", "grpo": "models/smollm2-kbrouter"}
 
 
 def mean_se(xs: list[float]) -> tuple[float, float]:
