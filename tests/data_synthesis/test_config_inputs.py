@@ -16,9 +16,8 @@ RECIPES = sorted((ROOT / "configs" / "synth").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=[p.stem for p in RECIPES])
-def test_every_recipe_parses_and_opens_with_its_command(recipe):
+def test_every_recipe_parses(recipe):  # line 1 (the command): tests/test_configs.py
     cfg = load_config(recipe)
-    assert recipe.read_text().startswith("# Run") and "kbrouter synth --config" in recipe.read_text().splitlines()[1]
     assert cfg.inputs and cfg.kb_config and Path(cfg.inputs[0].path).is_absolute()  # YAML paths resolve to its folder
 
 

@@ -19,8 +19,7 @@ SHARED = ROOT.parent / "shared" / "data"
 def test_recipe_parses(path: Path) -> None:
     cfg = load_eval_config(path)
     specs = cfg.dataset_specs()
-    assert specs and cfg.methods and cfg.path("kb_config").is_file()
-    assert path.read_text().startswith("#") and "kbrouter eval --config" in path.read_text()  # header with command
+    assert specs and cfg.methods and cfg.path("kb_config").is_file()  # line 1 (the command): tests/test_configs.py
 
 
 @pytest.mark.slow

@@ -22,10 +22,8 @@ def test_there_are_cpu_and_gpu_recipes_for_both_stages():
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
-def test_every_recipe_parses_and_opens_with_its_command(recipe: Path):
-    first = recipe.read_text().splitlines()[0]
+def test_every_recipe_parses(recipe: Path):  # line 1 (the command): tests/test_configs.py
     command = "grpo" if "_grpo" in recipe.stem else "sft"
-    assert first.startswith("# ") and f" {command} --config configs/train/{recipe.name}" in first
     import torch
 
     # GPU recipes ask for bf16, which TrainingArguments refuses on a machine without a GPU: parse them as CPU runs
@@ -37,10 +35,9 @@ def test_every_recipe_parses_and_opens_with_its_command(recipe: Path):
 
 
 @pytest.mark.parametrize("recipe", sorted((REPO / "configs" / "accelerate").glob("*.yaml")), ids=lambda p: p.name)
-def test_accelerate_configs_are_valid_yaml_with_a_command(recipe: Path):
+def test_accelerate_configs_are_valid_yaml(recipe: Path):  # line 1 (the command): tests/test_configs.py
     import yaml
 
-    assert recipe.read_text().startswith("# ") and "accelerate launch" in recipe.read_text().splitlines()[0]
     assert yaml.safe_load(recipe.read_text())["distributed_type"] in {"MULTI_GPU", "FSDP", "DEEPSPEED"}
 
 
