@@ -9,7 +9,7 @@ import pytest
 from agent.agent_server import AgentSetup, create_agent_app
 from agent.cli import DEMO_KB
 from agent.loop import AgentConfig
-from agent.types import STOP_REASONS, Trajectory
+from agent.types import Trajectory
 from retrievers.service import serve_in_thread
 
 pytestmark = pytest.mark.slow
@@ -36,9 +36,11 @@ def test_smollm2_over_the_demo_kb_streams_real_steps(smollm2_dir):
     kinds = [e["event"] for e in events]
     assert kinds[0] == "plan" and kinds[-1] == "final"
     traj = Trajectory.from_dict(events[-1]["trajectory"])
-    assert traj.stop_reason in STOP_REASONS and traj.metadata["completion_tokens"] > 0
+    assert traj.metadata["completion_tokens"] > 0
     searched = [e for e in events if e["event"] == "evidence"]
     assert searched, "constrained decoding with min_steps 1 must search once"
+    # it searched in its only step, so it stopped on the step budget (or its final answer broke the format)
+    assert traj.stop_reason in ("max_steps", "format_error") and traj.steps[0].sub_question is not None, traj
     hits = searched[0]["hits"]
     assert hits and all(h["kb"] in {"text", "table"} and isinstance(h["score"], float) for h in hits)
     content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)

@@ -4,7 +4,7 @@ import json
 from pathlib import Path
 
 from agent.cli import DEMO_KB, DEMO_QUESTIONS, run_main
-from agent.types import STOP_REASONS, Trajectory
+from agent.types import Trajectory
 
 
 def test_run_smollm2_over_demo_kb_writes_valid_trajectories(tmp_path, smollm2_dir):
@@ -20,7 +20,10 @@ def test_run_smollm2_over_demo_kb_writes_valid_trajectories(tmp_path, smollm2_di
     assert [t.id for t in trajs] == asked
     hits = []
     for t in trajs:
-        assert t.stop_reason in STOP_REASONS
+        # one step allowed: a trajectory that searched ran out of steps, one whose plan said `None` answered; the
+        # final answer may still fail its format; a backend error is never expected here
+        searched = any(s.sub_question is not None for s in t.steps)
+        assert t.stop_reason in (("max_steps", "format_error") if searched else ("answered", "format_error")), t
         assert t.gold, "demo questions carry gold answers"
         assert len(t.steps) <= 1
         assert t.metadata["completion_tokens"] > 0 and t.metadata["model"]

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import base64
 import io
+from pathlib import Path
 
 import pytest
 
-from agent.backends.base import Policy, SamplingParams
+from agent.backends.base import SamplingParams
 from agent.backends.hf_vl import add_evidence_images, evidence_image_paths
 from agent.backends.images import image_to_data_url
 from retrievers.types import Doc, Hit, Media
@@ -29,8 +30,8 @@ def user(*images, text="What is shown?"):
     ]
 
 
-def test_tiny_model_loads_as_a_policy(tiny_vl_policy):
-    assert isinstance(tiny_vl_policy, Policy)
+def test_tiny_model_loads_as_a_policy(tiny_vl_policy, tiny_vl_dir):
+    assert tiny_vl_policy.name == Path(tiny_vl_dir).name and tiny_vl_policy.max_images == 2  # the fixture's settings
     assert tiny_vl_policy.tokenizer.padding_side == "left"
 
 

@@ -16,7 +16,7 @@ import pytest
 from retrievers.config import KBConfig
 from retrievers.remote import RemoteRetriever, remote_kb_from_config
 from retrievers.service import RequestError, ServiceConfig, create_app, main, parse_search_request, serve_in_thread
-from retrievers.types import Doc, Hit, Query, Retriever, as_queries
+from retrievers.types import Doc, Hit, Query, as_queries
 
 DEMO = Path(__file__).resolve().parents[2] / "data" / "demo"
 QUESTIONS = [json.loads(line)["question"] for line in (DEMO / "questions.jsonl").open()]
@@ -242,7 +242,7 @@ def test_remote_kb_is_one_line_of_config():
         options={"remote": "http://127.0.0.1:8765", "remote_retries": 1},
     )
     client = remote_kb_from_config(cfg)
-    assert isinstance(client, Retriever) and client.url == "http://127.0.0.1:8765" and client.retries == 1
+    assert type(client) is RemoteRetriever and client.url == "http://127.0.0.1:8765" and client.retries == 1
     with pytest.raises(ValueError, match="options.remote"):
         remote_kb_from_config(
             KBConfig(name="t", kind="text", corpus=DEMO / "passages.jsonl", options={"remote": "127.0.0.1:8765"})
