@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +11,7 @@ import pytest
 
 from retrievers.config import KBConfig
 from retrievers.kb import build_kb_status, load_kb, load_kbs, read_manifest
-from retrievers.types import Query, Retriever
+from retrievers.types import Query
 
 DEMO = Path(__file__).resolve().parents[2] / "data" / "demo"
 QUESTIONS = [json.loads(line) for line in (DEMO / "questions.jsonl").open()]
@@ -23,9 +22,26 @@ def source_ids(hits) -> list[str]:
     return [h.doc.metadata["doc_id"] for h in hits]
 
 
+def index_files(index_dir: Path) -> dict[str, int]:
+    """Every file of an index folder with its mtime (ns): equal before and after means nothing was rewritten."""
+    return {
+        p.relative_to(index_dir).as_posix(): p.stat().st_mtime_ns for p in Path(index_dir).rglob("*") if p.is_file()
+    }
+
+
+def refuse_builds(monkeypatch) -> None:
+    """Make every KB kind's index builder raise, so a reuse that silently rebuilt would fail the test."""
+    import retrievers.kb
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the index was rebuilt, not reused")
+
+    for name, kind in retrievers.kb.KB_KINDS.items():
+        monkeypatch.setitem(retrievers.kb.KB_KINDS, name, dataclasses.replace(kind, build=refuse))
+
+
 def test_hits_are_well_formed(demo_text_kb):
     cfg, kb = demo_text_kb
-    assert isinstance(kb, Retriever)
     (hits,) = kb.search([TEXT_QUESTIONS[0]["question"]], k=5)
     assert len(hits) == 5
     assert [h.rank for h in hits] == [0, 1, 2, 3, 4]
@@ -74,17 +90,20 @@ def test_k_larger_than_corpus(demo_text_kb):
     assert len(hits) == len(kb) == len({h.doc.id for h in hits})
 
 
-def test_manifest_reuse_and_mismatch(demo_text_kb):
+def test_manifest_reuse_and_mismatch(demo_text_kb, monkeypatch):
     cfg, _ = demo_text_kb
     manifest = read_manifest(cfg.index_dir)
     assert manifest["doc_count"] == 329 and manifest["dim"] == 384 and manifest["encoder"] == "minilm"
     assert manifest["source_docs"] == 300 and len(manifest["corpus_sha256"]) == 64
-    # a second build with the same config is a no-op
-    start = time.perf_counter()
-    _, again, reused = build_kb_status(cfg, progress=False)
-    assert reused and again == manifest and time.perf_counter() - start < 5
-    # query-time settings do not invalidate the index
-    assert load_kb(dataclasses.replace(cfg, k=3, rrf_k=10, fusion_depth=20)) is not None
+    # a second build with the same config is a no-op: the builder is not called and no index file is rewritten
+    before = index_files(cfg.index_dir)
+    with monkeypatch.context() as m:
+        refuse_builds(m)
+        _, again, reused = build_kb_status(cfg, progress=False)
+    assert reused and again == manifest and index_files(cfg.index_dir) == before
+    # query-time settings do not invalidate the index: it loads and searches as it is
+    requery = load_kb(dataclasses.replace(cfg, k=3, rrf_k=10, fusion_depth=20))
+    assert len(requery.search([TEXT_QUESTIONS[0]["question"]], k=3)[0]) == 3
     # another encoder: load fails, naming the index dir, expected vs found and the fix
     other = dataclasses.replace(cfg, encoder="BAAI/bge-m3", source_file="configs/kb/demo.yaml")
     with pytest.raises(ValueError) as info:
@@ -95,7 +114,7 @@ def test_manifest_reuse_and_mismatch(demo_text_kb):
     assert "kbrouter index --kb configs/kb/demo.yaml --force" in message
 
 
-def test_changed_corpus_is_detected(tmp_path):
+def test_changed_corpus_is_detected(tmp_path, monkeypatch):
     corpus = tmp_path / "c.jsonl"
     corpus.write_text('{"id": "a", "text": "the cat sat"}\n{"id": "b", "text": "dogs bark loudly"}\n')
     cfg = KBConfig(name="tiny", kind="text", corpus=corpus, search="bm25", index_dir=tmp_path / "idx")
@@ -104,6 +123,11 @@ def test_changed_corpus_is_detected(tmp_path):
     _, _, reused = build_kb_status(cfg, progress=False)
     assert not reused
     assert load_kb(cfg).search(["dogs"], 2)[0][0].doc.id == "b"
+    before = index_files(cfg.index_dir)
+    with monkeypatch.context() as m:  # the same corpus again: reused, the builder not called, no file rewritten
+        refuse_builds(m)
+        assert build_kb_status(cfg, progress=False)[2] is True
+    assert index_files(cfg.index_dir) == before
     corpus.write_text(corpus.read_text() + '{"id": "c", "text": "dogs again"}\n')
     with pytest.raises(ValueError, match="corpus_sha256: expected '[0-9a-f]{64}', found '[0-9a-f]{64}'"):
         load_kb(cfg)
