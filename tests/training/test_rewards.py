@@ -116,6 +116,39 @@ def test_ask_reward_batches_predictions_and_caches_gold_vectors():
     assert emb.calls == [["q1", "q2"], ["q1"], ["q1", "q2"]]
 
 
+class FixedEmbedder:
+    """Fake embedder with hand-picked unit vectors (float64), so similarities are exact numbers."""
+
+    VECTORS = {
+        "who directed jaws?": [1.0, 0.0],
+        "who was the director of jaws?": [0.6, 0.8],
+        "when was jaws released?": [-0.8, 0.6],
+    }
+
+    def encode(self, texts):
+        return np.array([self.VECTORS[t] for t in texts], dtype=np.float64)
+
+
+def test_pinned_numbers_on_a_fixed_batch():
+    """All four rewards on one fixed mixed batch, with exact values (computed by hand, not read off the code)."""
+    from training.rewards import AskReward
+
+    comps = [
+        plan("who was the director of jaws?", "Text Retriever"),  # right KB, paraphrased sub-question
+        plan("when was jaws released?", "Table Retriever"),  # wrong KB, other question
+        ans("steven spielberg directed it"),  # 7-word gold, 'the' dropped: 3 of 6 gold tokens
+        "<answer>x</answer>",  # final without <think>: format gate
+    ]
+    cols = {"step_type": ["plan", "plan", "answer", "final"],
+            "gold_sub_question": ["who directed jaws?", "who directed jaws?", None, None],
+            "gold_kb": ["Text Retriever", "Text Retriever", None, None], "kb_names": [KBS, KBS, [], []],
+            "gold_answers": [[], [], ["steven spielberg directed the 1975 film jaws"], ["x"]]}  # fmt: skip
+    assert AskReward(FixedEmbedder())(comps, **cols) == [0.6, -0.8, None, None]  # dot products, not clipped
+    assert get_route_reward()(comps, **cols) == [1.0, 0.0, None, None]
+    assert get_answer_reward()(comps, **cols) == [None, None, 0.5, 0.0]
+    assert format_reward(comps, **cols) == [1.0, 1.0, 1.0, 0.0]
+
+
 def test_embedder_exception_raises_not_zero():
     from training.rewards import AskReward
 
