@@ -8,6 +8,10 @@ standard error (paired over the same prompts).
 
     python benchmarks/router_stages.py                 # ~10 min on 2 cores (3 models x ~90 prompts)
     python benchmarks/router_stages.py --limit 40 --stages sft grpo
+    python benchmarks/router_stages.py --routing --stages sft1 sft grpo   # + first-step KB accuracy, constrained
+
+`--routing` adds, per stage, the share of held-out *first* plan steps whose KB is the gold one, per dataset, under
+constrained greedy decoding with the stop branch removed (as `kbrouter demo | ask | run` decode the first step).
 """
 
 from __future__ import annotations
@@ -24,7 +28,12 @@ for _k, _v in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_P
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-STAGES = {"base": None, "sft": "runs/train/smollm2_router_sft_decisions", "grpo": "models/smollm2-kbrouter"}
+STAGES = {
+    "base": None,
+    "sft1": "runs/train/smollm2_router_sft",
+    "sft": "runs/train/smollm2_router_sft_decisions",
+    "grpo": "models/smollm2-kbrouter",
+}  # sft1: stage 1 alone; sft: stages 1 + 1b (decision-weighted)
 
 
 def mean_se(xs: list[float]) -> tuple[float, float]:
@@ -60,12 +69,33 @@ def score(policy, dataset, reward_funcs, weights, tokens: dict) -> dict[str, lis
     return out
 
 
+def first_step_routing(policy, records, budget: int) -> dict[str, tuple[int, int]]:
+    """{dataset: (right, asked)} for the first plan step of each held-out trajectory, constrained and greedy."""
+    from agent.backends.base import SamplingParams
+    from agent.protocol import parse_plan, plan_grammar
+
+    firsts = [r for r in records if r.step_type == "plan" and r.step_index == 0]
+    out: dict[str, tuple[int, int]] = {}
+    for kb_names in sorted({tuple(r.kb_names) for r in firsts}):
+        group = [r for r in firsts if tuple(r.kb_names) == kb_names]
+        grammar = plan_grammar(kb_names, budget, allow_stop=False).ebnf
+        outs = policy.generate(
+            [list(r.messages) for r in group], SamplingParams(max_new_tokens=budget, grammar=grammar)
+        )
+        for r, o in zip(group, outs, strict=True):
+            name = r.metadata.get("dataset", "?")
+            right, asked = out.get(name, (0, 0))
+            out[name] = (right + int(parse_plan(o.text, kb_names).kb == r.gold["kb"]), asked + 1)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--heldout", default="runs/synth/annotation_cpu/steps_heldout.jsonl")
     ap.add_argument("--recipe", default="configs/train/smollm2_router_grpo_lora_cpu.yaml")
     ap.add_argument("--stages", nargs="+", default=list(STAGES), choices=list(STAGES))
     ap.add_argument("--limit", type=int, default=None, help="at most N prompts per step type")
+    ap.add_argument("--routing", action="store_true", help="also first-step KB accuracy (constrained, see above)")
     args = ap.parse_args()
 
     import yaml
@@ -91,12 +121,16 @@ def main() -> None:
     grammar_tokens = recipe["grammar_tokens"]
     tokens = {"plan": grammar_tokens["plan"], "final": grammar_tokens["final"]}
     results: dict[str, dict[str, list]] = {}
+    routing: dict[str, dict[str, tuple[int, int]]] = {}
+    all_records = load_step_records(str(REPO / args.heldout), "steps")
     for stage in args.stages:
         adapter = STAGES[stage]
         policy = TransformersPolicy("smollm2", adapter=str(REPO / adapter) if adapter else None, max_batch_size=16)
         ds = build_step_dataset(records, tokenizer=policy.tokenizer, max_prompt_tokens=recipe["max_prompt_tokens"],
                                 grammar_tokens=grammar_tokens)  # fmt: skip
         results[stage] = score(policy, ds, funcs, weights, tokens)
+        if args.routing:
+            routing[stage] = first_step_routing(policy, all_records, grammar_tokens["plan"])
         del policy
     n = {t: sum(r.step_type == t for r in records) for t in ("plan", "final")}
     print(f"held-out steps: {n['plan']} plan + {n['final']} final prompts from {args.heldout} (greedy, unconstrained)")
@@ -115,6 +149,19 @@ def main() -> None:
             m, se = mean_se([b - a for a, b in pairs])
             verdict = "beats SFT by > 2 s.e." if m > 2 * se else "does NOT beat SFT by > 2 s.e."
             print(f"GRPO - SFT {k:18s} {m:+.3f} ± {se:.3f} (paired, n={len(pairs)}): {verdict}")
+
+    if routing:
+        print("first-step KB accuracy (constrained greedy, stop branch removed), right/asked per dataset:")
+        names = sorted({d for r in routing.values() for d in r})
+        print(f"{'dataset':24s}" + "".join(f"{s:>18s}" for s in routing))
+        for d in [*names, "all"]:
+            cells = []
+            for r in routing.values():
+                right, asked = (
+                    (sum(v[0] for v in r.values()), sum(v[1] for v in r.values())) if d == "all" else r.get(d, (0, 0))
+                )
+                cells.append(f"{right}/{asked} ({right / max(asked, 1):.2f})")
+            print(f"{d:24s}" + "".join(f"{c:>18s}" for c in cells))
 
 
 if __name__ == "__main__":
