@@ -17,6 +17,7 @@ COMMANDS = {
     "ask": ("agent.cli", "ask_main", "ask one question (optionally with --image) and stream the steps"),
     "run": ("agent.cli", "run_main", "run a question file in lockstep batches, trajectories to JSONL"),
     "index": ("retrievers.build", "main", "build the indexes of a KB YAML file (reuses what is up to date)"),
+    "ingest": ("ingest.cli", "main", "turn PDFs, web pages, office files, images, videos into KB corpora + a KB YAML"),
     "serve": ("agent.server", "main", "serve a policy as an OpenAI-compatible chat-completions endpoint"),
     "serve-agent": ("agent.agent_server", "main", "serve the agent as an OpenAI-compatible model, with a web page"),
     "serve-retrieval": ("retrievers.service", "main", "serve KBs over HTTP (batch search, metrics)"),

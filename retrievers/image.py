@@ -5,7 +5,7 @@ Corpus: a JSONL file, one image per line::
     {"id": "coco-535506", "image": "images/000000535506.jpg", "captions": ["A woman holding a knife ..."]}
 
 (`image_id`/`file` are accepted for `id`/`image`, `caption` for a single caption; image paths are relative to the
-JSONL file.) A query is scored against every image as
+JSONL file; an optional `metadata` object is kept on the image's doc.) A query is scored against every image as
 
     score = w * visual + (1 - w) * caption
 
@@ -290,6 +290,7 @@ def read_image_corpus(path: Path) -> list[dict]:
                 "image": str((Path(path).parent / image).resolve()),
                 "captions": [str(c) for c in captions],
                 "title": row.get("title", ""),
+                "metadata": dict(row.get("metadata") or {}),  # e.g. provenance written by `kbrouter ingest`
             }
         )
     return rows
@@ -328,7 +329,7 @@ def build_image_kb(cfg: KBConfig, out_dir: Path, progress: bool = True) -> dict:
                 kb=cfg.name,
                 modality="image",
                 media=Media(row["image"]),
-                metadata={"captions": row["captions"], "size": list(image.size)},
+                metadata={**row["metadata"], "captions": row["captions"], "size": list(image.size)},
             )
         )
         texts.append(row["captions"])

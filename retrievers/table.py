@@ -5,7 +5,7 @@ Corpus forms:
   `\\`-escapes), `*.tsv` (WTQ escapes `\\n`, `\\p`, `\\\\`), `*.json` (`{"header"|"columns", "rows"|"data"}`). A `.json`
   without rows beside a table of the same stem is page metadata (`title`, `url`), as in WikiTableQuestions.
 - a JSONL file, one table per line: `{"id", "path" | "file", "title"?, "caption"?}` (path relative to the JSONL) or
-  inline `{"id", "header", "rows", "title"?, "caption"?}`.
+  inline `{"id", "header", "rows", "title"?, "caption"?}`; an optional `metadata` object is kept on the table's doc.
 
 Options (`options:` in the KB YAML): `max_rows` (rows shown in `Doc.text`, default 30), `max_cell_chars` (cell
 length shown, default 120), `metadata_file` (a JSONL giving per-table `caption`/`page_title`, e.g. TabFact's
@@ -138,6 +138,7 @@ def read_tables(corpus: str | Path) -> list[Table]:
                 raise ValueError(f"{corpus}:{line_no}: a table line needs `path` (or `file`) or `header` + `rows`")
             table.title = row.get("title") or row.get("page_title") or table.title
             table.caption = row.get("caption") or table.caption
+            table.metadata.update(row.get("metadata") or {})  # e.g. provenance written by `kbrouter ingest`
             tables.append(table)
     return tables
 
