@@ -375,6 +375,8 @@ def create_agent_app(  # noqa: ANN201 (FastAPI app)
             body = json.loads(await request.body())
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             return _error(400, f"body is not valid JSON: {e}")
+        except RecursionError:  # `[[[[...` thousands deep
+            return _error(400, "body is not valid JSON: nested too deeply")
         try:
             setup, cfg, kbs, question = prepare(body)
             stream = bool(body.get("stream"))
@@ -469,13 +471,12 @@ def load_setups(
 
 def main(argv: list[str] | None = None) -> int:
     """Load the policies and KB sets and serve the agent (OpenAI chat completions and the page)."""
-    import uvicorn
-
     from agent.backends.factory import make_policy
     from agent.cli import add_common_args
     from agent.kbs import load_knowledge_bases
     from retrievers.config import load_kb_configs
     from retrievers.security import add_security_args, kb_media_folders, resolve_api_keys, warn_if_exposed
+    from retrievers.serving import add_drain_args, serve_until_signalled
 
     ap = argparse.ArgumentParser(prog="kbrouter serve-agent", description=__doc__.splitlines()[0])
     add_common_args(ap)
@@ -494,6 +495,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-steps-limit", type=int, default=defaults.max_steps, help="largest kbrouter.max_steps")
     ap.add_argument("--max-image-bytes", type=int, default=defaults.images.max_bytes)
     ap.add_argument("--max-image-pixels", type=int, default=defaults.images.max_pixels)
+    add_drain_args(ap)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")  # fmt: skip
     if not args.kb and not args.config:
@@ -517,8 +519,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"WARNING: {warning}")  # noqa: T201 - the person starting the server must see it
     names = ", ".join(s.name for s in setups)
     print(f"serving {names} at http://{args.host}:{args.port}/ (page) and /v1 (OpenAI chat completions)")  # noqa: T201
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
-    return 0
+    return serve_until_signalled(app, args.host, args.port, drain_s=args.drain_s, name="kbrouter serve-agent")
 
 
 if __name__ == "__main__":

@@ -141,8 +141,8 @@ def _setup(args: argparse.Namespace, questions: list | None = None):  # noqa: AN
     )
     pol_cfg, agent_cfg, kb_file = resolve_configs(args)
     check_images_readable(pol_cfg, questions or [], args.allow_text_only)  # before anything loads
+    policy = make_policy(pol_cfg)  # first: a model that is not here fails before the KBs spend seconds loading
     kbs = load_knowledge_bases(kb_file)
-    policy = make_policy(pol_cfg)
     return StepAgent(policy, kbs, agent_cfg), pol_cfg, agent_cfg, kb_file
 
 

@@ -241,6 +241,8 @@ def create_app(  # noqa: ANN201 (an ASGI app)
             future = batcher.submit(messages, params)
         except (ValueError, TypeError) as e:
             raise HTTPException(status_code=400, detail=str(e)) from e
+        except RecursionError as e:  # json.loads on `[[[[...` thousands deep
+            raise HTTPException(status_code=400, detail="body is not valid JSON: nested too deeply") from e
         try:
             (out,) = await wait_or_cancel([future], request)
         except ClientGone:
@@ -281,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     """Serve a policy over HTTP (OpenAI chat-completions API)."""
     from agent.backends.factory import PolicyConfig, make_policy
     from retrievers.security import add_security_args, resolve_api_keys, warn_if_exposed
+    from retrievers.serving import add_drain_args, serve_until_signalled
 
     ap = argparse.ArgumentParser(prog="kbrouter serve", description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2", help="hub name, local folder, or `smollm2` (default)")
@@ -296,9 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--allow-remote-images", action="store_true", help="fetch http(s) image URLs sent by clients")
     add_security_args(ap, RequestLimits.max_body_bytes * 16, RequestLimits.max_concurrent)
+    add_drain_args(ap)
     args = ap.parse_args(argv)
-    import uvicorn
-
     keys = resolve_api_keys(args.api_key)
     policy = make_policy(PolicyConfig(backend=args.backend, model=args.model, dtype=args.dtype))
     app = create_app(
@@ -315,8 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     if warning:
         print(f"WARNING: {warning}")  # noqa: T201 - the person starting the server must see it
     print(f"serving {args.model} at http://{args.host}:{args.port}/v1 (OpenAI chat completions)")  # noqa: T201 - the one line a person starting the server reads
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
-    return 0
+    return serve_until_signalled(app, args.host, args.port, drain_s=args.drain_s, name="kbrouter serve")
 
 
 if __name__ == "__main__":

@@ -6,13 +6,16 @@ Items submitted close together are gathered for up to `max_wait_s` (or `max_batc
 - when a batched call raises, its items are retried one at a time, so only the culprit's future gets the error;
 - the gathering loop catches every per-batch failure, and if the loop task ends anyway a supervisor restarts it
   (`healthy` is False while it is down, so `/health` can say so);
-- an item whose future was cancelled (its client went away, see `wait_or_cancel`) is dropped before its call.
+- an item whose future was cancelled (its client went away, see `wait_or_cancel`) is dropped before its call;
+- during a call, `fn` may ask `abandoned_items()` which of its items nobody awaits any more (the client left, or the
+  server is stopping) and end their work early: the transformers backends stop generating those rows.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import time
 from collections.abc import Callable, Hashable, Sequence
@@ -22,6 +25,16 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 RESTART_DELAY_S = 0.05
+
+# the items of the batched call running in this worker thread (set by `MicroBatcher._call`, read by `fn`)
+_running_items: contextvars.ContextVar[list | None] = contextvars.ContextVar("running_items", default=None)
+
+
+def abandoned_items() -> list[bool] | None:
+    """Inside a `MicroBatcher` call: for each of its payloads, whether nobody awaits its result any more (its client
+    disconnected or the server is shutting down), so `fn` may stop working on it. None outside a batcher call."""
+    items = _running_items.get()
+    return None if items is None else [it.future.done() for it in items]
 
 
 class QueueFull(Exception):
@@ -70,6 +83,7 @@ class MicroBatcher:
         self.on_batch = on_batch
         self.restarts = 0
         self.queue: asyncio.Queue[_Item] = asyncio.Queue()
+        self._running: list[_Item] = []  # the items of the call in progress (failed by `stop`, so it can end early)
         self._task: asyncio.Task | None = None
         self._stopping = False
 
@@ -102,10 +116,11 @@ class MicroBatcher:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
+        stopping = RuntimeError(f"{self.name} is shutting down")
+        for item in self._running:  # a call still running in its thread sees them abandoned and can end early
+            _fail(item, stopping)
         while not self.queue.empty():  # nobody will answer these now
-            item = self.queue.get_nowait()
-            if not item.future.done():
-                item.future.set_exception(RuntimeError(f"{self.name} is shutting down"))
+            _fail(self.queue.get_nowait(), stopping)
 
     def submit(self, payload: Any, key: Hashable) -> asyncio.Future:
         """Queue one item; its future gets `fn`'s result for it, or the exception its own call raised."""
@@ -145,8 +160,16 @@ class MicroBatcher:
                     for item in items:
                         _fail(item, e)
 
+    def _call_in_thread(self, items: list[_Item], key: Hashable) -> Sequence:
+        _running_items.set(items)  # this thread's context is a copy: the setting ends with the call
+        return self.fn([it.payload for it in items], key)
+
     async def _call(self, items: list[_Item], key: Hashable) -> Sequence:
-        outs = await asyncio.to_thread(self.fn, [it.payload for it in items], key)
+        self._running = items
+        try:
+            outs = await asyncio.to_thread(self._call_in_thread, items, key)
+        finally:
+            self._running = []
         if len(outs) != len(items):
             raise RuntimeError(f"{self.name}: {len(outs)} results for {len(items)} items")
         if self.on_batch is not None:

@@ -45,6 +45,7 @@ import numpy as np
 from retrievers.batching import ClientGone, MicroBatcher, QueueFull, wait_or_cancel
 from retrievers.media import ImageTooLarge, MediaError, check_image_pixels
 from retrievers.security import Guard, RequestLimits, inside_roots
+from retrievers.serving import add_drain_args, serve_until_signalled
 from retrievers.types import Query, Retriever
 
 logger = logging.getLogger(__name__)
@@ -104,6 +105,8 @@ def parse_search_request(
         data = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise RequestError(400, f"body is not valid JSON: {e}") from e
+    except RecursionError as e:  # `[[[[...` thousands deep
+        raise RequestError(400, "body is not valid JSON: nested too deeply") from e
     if not isinstance(data, dict) or not isinstance(data.get("queries"), list):
         raise RequestError(422, 'expected {"queries": [{"kb": ..., "text": ..., "k": ...}, ...]}')
     unknown_top = sorted(set(data) - {"queries"})
@@ -408,10 +411,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="accept `Authorization: Bearer KEY` (repeatable; also $KBROUTER_API_KEY)")  # fmt: skip
     parser.add_argument("--max-concurrent", type=int, default=ServiceConfig.max_concurrent)
     parser.add_argument("--log-level", default="info")
+    add_drain_args(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
-
-    import uvicorn
 
     from retrievers.config import load_kb_configs
     from retrievers.kb import build_kb, load_kb
@@ -447,8 +449,14 @@ def main(argv: list[str] | None = None) -> int:
     app = create_app(kbs, cfg, info, api_keys=keys, image_roots=roots)
     warn_if_exposed(args.host, keys, "kbrouter serve-retrieval")
     logger.info("retrieval service on http://%s:%d (KBs: %s)", args.host, args.port, ", ".join(kbs))
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level.lower(), access_log=False)
-    return 0
+    return serve_until_signalled(
+        app,
+        args.host,
+        args.port,
+        drain_s=args.drain_s,
+        log_level=args.log_level.lower(),
+        name="kbrouter serve-retrieval",
+    )
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from agent.backends.base import Completion, Message, SamplingParams, text_only
 from agent.backends.models import apply_adapter, resolve_model, resolve_policy_model
+from retrievers.batching import abandoned_items
 
 logger = logging.getLogger(__name__)
 
@@ -102,24 +103,64 @@ class TransformersPolicy:
                         finish_reason="error",
                         metadata={
                             "error": f"prompt of {n} tokens + {params.max_new_tokens} new ones exceeds the context "
-                            f"of {self.name} ({context} tokens); shorten the question (or lower agent.evidence_chars)"
+                            f"of {self.name} ({context} tokens); shorten the question (or lower agent.evidence_chars)",
+                            "bad_input": True,  # `kbrouter serve` answers 422: the request is too long, not broken
                         },
                     )
         # Sorting by length keeps padding small inside each chunk; results go back in input order.
         order = sorted((i for i in range(len(prompts)) if out[i] is None), key=lambda i: len(prompts[i]))
         for start in range(0, len(order), self.max_batch_size):
             idx = order[start : start + self.max_batch_size]
-            for i, c in zip(idx, self._generate_chunk([prompts[i] for i in idx], params), strict=True):
+            for i, c in zip(idx, self._generate_chunk([prompts[i] for i in idx], params, idx), strict=True):
                 out[i] = c
         return out  # type: ignore[return-value]
 
-    def _generate_chunk(self, prompts: list[str], params: SamplingParams) -> list[Completion]:
+    def _generate_chunk(self, prompts: list[str], params: SamplingParams, rows: list[int]) -> list[Completion]:
+        if all_abandoned(rows):
+            return [abandoned_completion() for _ in rows]
         enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
-        return generate_completions(self.model, self.tokenizer, enc, params)
+        return generate_completions(self.model, self.tokenizer, enc, params, rows)
 
 
-def generate_completions(model, tokenizer, enc, params: SamplingParams) -> list[Completion]:  # noqa: ANN001
-    """`model.generate` on an encoded, left-padded batch, decoded into completions; shared by the text and VL backends."""
+def abandoned_completion(completion_tokens: int = 0) -> Completion:
+    """The reply for a conversation nobody waits for any more (`retrievers.batching.abandoned_items`), after the
+    tokens it got before its row was stopped; nobody reads it."""
+    return Completion(text="", completion_tokens=completion_tokens, finish_reason="abandoned")
+
+
+def all_abandoned(rows: list[int]) -> bool:
+    """Whether every one of these conversations (positions in the running batcher call) was abandoned."""
+    flags = abandoned_items()
+    return flags is not None and all(flags[r] for r in rows)
+
+
+def abandoned_rows_criteria(rows: list[int]) -> list:
+    """A stopping criterion ending the rows of a batch whose client left or whose server is stopping, one token
+    later (`transformers` stops a row whose flag is True and the whole call when all are); none outside a batcher."""
+    if abandoned_items() is None:
+        return []
+    import torch
+    from transformers import StoppingCriteria
+
+    class _Abandoned(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs) -> torch.BoolTensor:  # noqa: ANN001
+            flags = abandoned_items() or [False] * (max(rows) + 1)
+            return torch.tensor([flags[r] for r in rows], dtype=torch.bool, device=input_ids.device)
+
+    return [_Abandoned()]
+
+
+def generate_completions(
+    model,  # noqa: ANN001
+    tokenizer,  # noqa: ANN001
+    enc,  # noqa: ANN001
+    params: SamplingParams,
+    rows: list[int] | None = None,
+) -> list[Completion]:
+    """`model.generate` on an encoded, left-padded batch, decoded into completions; shared by the text and VL backends.
+
+    `rows` are the batch's positions in the running batcher call: a row whose client leaves stops generating and
+    comes back as `abandoned_completion()`."""
     import torch
 
     sample = params.temperature > 0
@@ -139,14 +180,23 @@ def generate_completions(model, tokenizer, enc, params: SamplingParams) -> list[
         gen_kwargs["logits_processor"] = [grammar_processor(model, tokenizer, params.grammar)]
     elif params.stop:
         gen_kwargs.update(stop_strings=list(params.stop), tokenizer=tokenizer)
+    rows = list(range(enc["input_ids"].shape[0])) if rows is None else rows
+    if criteria := abandoned_rows_criteria(rows):
+        from transformers import StoppingCriteriaList
+
+        gen_kwargs["stopping_criteria"] = StoppingCriteriaList(criteria)
     if params.seed is not None:
         torch.manual_seed(params.seed)
     with torch.inference_mode():
         output = model.generate(**enc, **gen_kwargs)
     new = output[:, enc["input_ids"].shape[1] :]
+    gone = abandoned_items()
     completions = []
-    for row, mask in zip(new, enc["attention_mask"], strict=True):
+    for r, row, mask in zip(rows, new, enc["attention_mask"], strict=True):
         n_tokens = int((row != tokenizer.pad_token_id).sum())
+        if gone is not None and gone[r]:
+            completions.append(abandoned_completion(n_tokens))
+            continue
         text = tokenizer.decode(row, skip_special_tokens=True)
         completions.append(Completion(
             text=truncate_at_stop(text, params.stop),

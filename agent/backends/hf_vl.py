@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from agent.backends.base import Completion, Message, SamplingParams
-from agent.backends.hf import generate_completions
+from agent.backends.hf import abandoned_completion, all_abandoned, generate_completions
 from agent.backends.models import resolve_model
 from retrievers.media import MediaError, fit_pixels, load_image
 from retrievers.types import Hit
@@ -210,9 +210,12 @@ class VisionLanguagePolicy:
         return out  # type: ignore[return-value]
 
     def _generate_chunk(self, chunk: list[tuple[int, str, list, int]], params: SamplingParams) -> list[Completion]:
+        rows = [i for i, _, _, _ in chunk]
+        if all_abandoned(rows):
+            return [abandoned_completion() for _ in rows]
         texts = [text for _, text, _, _ in chunk]
         images = [im for _, _, ims, _ in chunk for im in ims]
         enc = self.processor(
             text=texts, images=images or None, padding=True, return_tensors="pt", add_special_tokens=False
         ).to(self.device)
-        return generate_completions(self.model, self.tokenizer, enc, params)
+        return generate_completions(self.model, self.tokenizer, enc, params, rows)
