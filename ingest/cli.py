@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings(limits=limits, password=bool(args.password), exclude=tuple(args.exclude))
     corpus_dir = Path(args.corpus_dir or Path("data") / "ingest" / args.name)
     yaml_path = Path(args.out or Path("configs") / "kb" / f"{args.name}.yaml")
-    if yaml_path.is_file() and not args.force and YAML_MARK not in yaml_path.read_text(encoding="utf-8")[:200]:
+    if yaml_path.is_file() and not args.force and YAML_MARK not in yaml_path.read_text(encoding="utf-8")[:400]:
         raise ValueError(f"{yaml_path} exists and was not written by kbrouter ingest; choose --out or add --force")
 
     def show(o: FileOutcome) -> None:
@@ -103,7 +103,8 @@ def summarize(outcomes: list[FileOutcome], removed: list[str], counts: dict[str,
     parsed = [o for o in outcomes if o.status == "parsed" and o.parsed is not None]
     kept = [o.parsed for o in outcomes if o.parsed is not None]
     parse_s = sum(o.seconds for o in parsed)
-    pages_parsed = sum(o.parsed.pages for o in parsed if o.parsed is not None)
+    paged = [o for o in parsed if o.parsed is not None and o.parsed.pages]  # pages/s: over the paged files alone
+    pages_parsed, paged_s = sum(o.parsed.pages for o in paged), sum(o.seconds for o in paged)
     skips = Counter(o.reason for o in outcomes if o.status == "skipped")
     return {
         "files": len(outcomes),
@@ -122,7 +123,7 @@ def summarize(outcomes: list[FileOutcome], removed: list[str], counts: dict[str,
         "skipped_files": {o.file: f"{o.reason}: {o.message}" for o in outcomes if o.status == "skipped"},
         "seconds": round(seconds, 2),
         "parse_seconds": round(parse_s, 2),
-        "pages_per_second": round(pages_parsed / parse_s, 2) if parse_s > 0 and pages_parsed else None,
+        "pages_per_second": round(pages_parsed / paged_s, 2) if paged_s > 0 else None,
     }
 
 

@@ -165,9 +165,9 @@ def kb_yaml(name: str, corpus_dir: Path, yaml_path: Path, counts: dict[str, int]
                 "visual_weight": options.get("visual_weight", 0.2),
             }
         kbs.append(entry)
-    head = (
-        f"{YAML_MARK} from {rel}/ (rerun the same `kbrouter ingest` to update; edits here are overwritten)\n"
+    head = (  # line 1 is the command that uses the file, as in every configs/kb YAML
         f"# Build:    kbrouter index --kb {yaml_path.as_posix()}\n"
+        f"{YAML_MARK} from {rel}/: rerun the same `kbrouter ingest` to update it (edits here are overwritten).\n"
         f"# Override: kbrouter index --kb {yaml_path.as_posix()} --only table --force\n"
         "# CLIP is `kbrouter-tiny-clip` with random weights unless --clip-model/--clip-pretrained name real ones, so\n"
         "# figures rank by their captions (visual_weight 0.2); with e.g. ViT-L-14/openai set visual_weight: 0.8.\n"

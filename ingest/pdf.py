@@ -67,23 +67,25 @@ def parse_pdf(
     with pdf:
         if len(pages) > limits.max_pages:
             raise Skip("over page limit", f"{len(pages)} pages > --max-pages {limits.max_pages}")
+        try:
+            has_text = any(page.chars for page in pages)  # stops at the first page with text: a scan is caught early
+        except Exception as e:  # a broken content stream
+            raise Skip("malformed", f"unreadable page content ({type(e).__name__}: {str(e)[:120]})") from None
+        if not has_text:
+            raise Skip("no text layer", "no text layer (a scan?); OCR it first, e.g. `ocrmypdf in.pdf out.pdf`")
         title = _title(pdf.metadata, path)
         parsed = Parsed(file=file, title=title, kind="pdf", pages=len(pages))
         blocks: list[tuple[str, dict]] = []
-        chars = 0
         for number, page in enumerate(pages, 1):
             if time.monotonic() - start > limits.max_seconds:
                 raise Skip("over time limit", f"still parsing page {number} after {limits.max_seconds:g} s")
             try:
-                chars += len(page.chars)
                 blocks += _page(page, number, parsed, figure_dir, figure_prefix)
             except Skip:
                 raise
             except Exception as e:  # one broken page (bad content stream) fails the file, not the run
                 raise Skip("malformed", f"page {number}: {type(e).__name__}: {str(e)[:120]}") from None
             page.flush_cache()
-        if chars == 0:
-            raise Skip("no text layer", "no text layer (a scan?); OCR it first, e.g. `ocrmypdf in.pdf out.pdf`")
     parsed.passages = pack_passages(blocks)
     return parsed
 
