@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agent.types import Trajectory
+from retrievers.provenance import provenance_label
 from retrievers.security import MediaRoots
 from retrievers.types import Hit
 
@@ -92,6 +93,9 @@ def hit_card(hit: Hit, media: MediaRoots | None) -> dict:
         "table": table_rows(doc.text) if doc.modality == "table" else None,
         "media": None,
     }
+    source = provenance_label(doc.metadata)
+    if source:  # records written by `kbrouter ingest`: "report.pdf p. 4, table 2"
+        card["source"] = source
     if doc.media is not None:
         link = media.link(doc.media.path) if media is not None else None
         kind = "image" if doc.modality == "image" else "video"
@@ -105,6 +109,8 @@ def evidence_line(kb: str, cards: list[dict]) -> str:
         return f"Evidence from {kb}: nothing found."
     best = cards[0]
     what = best["title"] or best["id"]
+    if best.get("source"):
+        what = f"{what} [{best['source']}]"
     snippet = best["snippet"][:100] + ("…" if len(best["snippet"]) > 100 else "")
     return f"Evidence from {kb}: {len(cards)} hits; best {what!r} (score {best['score']:.2f}): {snippet}"
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from agent.types import Trajectory
+from retrievers.provenance import provenance_label
 
 
 def _short(text: str, n: int = 160) -> str:
@@ -38,7 +39,11 @@ class StepPrinter:
                 )
         elif event == "evidence":
             for i, h in enumerate(payload["hits"][: self.hits_shown]):
-                c.print(f"    [dim]{h.kb}-{i} ({h.score:.3f}):[/dim] {_short(h.doc.title + ': ' + h.doc.text, 140)}")
+                source = provenance_label(h.doc.metadata)  # shown first: the 140-character cut never hides it
+                where = f" \\[{source}]" if source else ""  # `\[`: a literal bracket, not rich markup
+                c.print(
+                    f"    [dim]{h.kb}-{i} ({h.score:.3f}){where}:[/dim] {_short(h.doc.title + ': ' + h.doc.text, 140)}"
+                )
         elif event == "answer":
             err = f" [red]{payload['errors']}[/red]" if payload["errors"] else ""
             c.print(f"  [bold]intermediate answer:[/bold] {payload['answer']}{err}")

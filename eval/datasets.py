@@ -270,6 +270,36 @@ def _video(spec: DatasetSpec, path: Path) -> list[dict]:
     ]
 
 
+# evidence type of a documents QA line -> the KB of `kbrouter ingest` that holds it (configs written by ingest)
+DOCS_EVIDENCE_KB = {"text": "text", "table": "table", "figure": "image"}
+
+
+def _docs_qa(spec: DatasetSpec, path: Path) -> list[dict]:
+    """Questions over ingested documents (`shared/data/docs/qa.jsonl` style): `{qid, file, question, answers, page,
+    evidence_type, evidence}`. The gold KB is the evidence type's; the gold evidence is the page (`file#p4`, or the
+    file when it has no pages), which every record of `kbrouter ingest` names in its `source_id`."""
+    rows = []
+    for n, r in read_jsonl_rows(path):
+        kind = r.get("evidence_type")
+        if kind not in DOCS_EVIDENCE_KB:
+            raise ValueError(f"{path}:{n}: `evidence_type` must be one of {sorted(DOCS_EVIDENCE_KB)}, got {kind!r}")
+        page = r.get("page")
+        gold = f"{r['file']}#p{page}" if page is not None else r["file"]
+        rows.append(
+            _row(
+                r["qid"],
+                r["question"],
+                r["answers"],
+                gold_kb=DOCS_EVIDENCE_KB[kind],
+                gold_evidence=[gold],
+                evidence_type=kind,
+                file=r["file"],
+                page=page,
+            )
+        )
+    return rows
+
+
 COLUMN_KEYS = ("id", "question", "answers", "images", "gold_kb", "gold_evidence")
 
 
@@ -327,6 +357,7 @@ LOADERS: dict[str, tuple[Callable[[DatasetSpec, Path], list[dict]], str, str]] =
     "wtq": (_wtq, "table/wtq/questions.jsonl", "table"),
     "coco": (_coco, "image/coco/qa_derived.jsonl", "image"),
     "video": (_video, "video/qa.jsonl", "video"),
+    "docs_qa": (_docs_qa, "docs/qa.jsonl", "docs"),
     "jsonl": (_jsonl, "", "custom"),
 }
 SPEC_KEYS = tuple(f.name for f in fields(DatasetSpec))

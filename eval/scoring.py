@@ -73,9 +73,12 @@ def answer_scores(prediction: str, golds: Sequence[str], answer_type: str = "ope
 
 
 def evidence_matches(hit: Hit, gold: str) -> bool:
-    """Whether a hit is the gold evidence `gold`: the same doc (a chunk counts as its source doc), or for
+    """Whether a hit is the gold evidence `gold`: the same doc (a chunk counts as its source doc, an ingested record
+    as its page), or for
     `<video>@<start>-<end>` golds a clip of the same video whose span overlaps the gold span."""
     ids = {hit.doc.id, str(hit.doc.metadata.get("doc_id", hit.doc.id))}
+    if "source_id" in hit.doc.metadata:  # records of `kbrouter ingest` also count as their page (`report.pdf#p4`)
+        ids.add(str(hit.doc.metadata["source_id"]))
     if gold in ids:
         return True
     g = _SPAN.match(gold)

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from agent.protocol.tags import format_answer, format_plan
+from retrievers.provenance import provenance_label
 from retrievers.types import Hit
 
 Message = dict  # {"role": str, "content": str | list[dict]}
@@ -76,7 +77,10 @@ def history_lines(history: Sequence[tuple[str, str]]) -> str:
 
 
 def render_hits(hits: Sequence[Hit], max_chars: int = DEFAULT_PROMPT.evidence_chars) -> str:
-    """Numbered evidence lines tagged by KB (`text-0: …`); a table keeps its rows, indented under its line."""
+    """Numbered evidence lines tagged by KB (`text-0: …`); a table keeps its rows, indented under its line.
+
+    A record with provenance (written by `kbrouter ingest`) ends with `[source: report.pdf p. 4, table 2]`.
+    """
     lines = []
     for i, hit in enumerate(hits):
         text = hit.doc.text if len(hit.doc.text) <= max_chars else hit.doc.text[:max_chars] + " …"
@@ -88,6 +92,9 @@ def render_hits(hits: Sequence[Hit], max_chars: int = DEFAULT_PROMPT.evidence_ch
                 body = f"{hit.doc.title}: {body}"
         if hit.doc.media is not None and hit.doc.media.start is not None:
             body += f" [{hit.doc.media.start:.1f}s–{hit.doc.media.end:.1f}s]"
+        source = provenance_label(hit.doc.metadata)  # "" for records without provenance: their lines are unchanged
+        if source:
+            body += f" [source: {source}]"
         lines.append(f"{hit.kb}-{i}: {body}")
     return "\n".join(lines) if lines else "(no evidence found)"
 
