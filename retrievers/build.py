@@ -4,15 +4,18 @@ Usage (CPU is fine; dense encoding uses a GPU when one is visible):
 
     python -m retrievers.build --kb configs/kb/demo.yaml
     python -m retrievers.build --kb configs/kb/shared_text.yaml --only hotpot_wiki --force
+    kbrouter index --kb configs/kb/shared_text.yaml --workers 2     # two encoder processes (one per GPU if any)
 
 An index that is up to date (same encoder, settings and corpus bytes) and intact (its files' sizes, sampled hashes
 and document counts match its manifest) is reused, not rebuilt; a corrupt one is rebuilt. `--verify` hashes every
-index file whole before reusing it.
+index file whole before reusing it. An interrupted build (Ctrl-C, a killed process) resumes from its last
+encoded chunk on the next run.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import time
 
@@ -30,7 +33,16 @@ def main(argv: list[str] | None = None) -> int:
         "--verify", action="store_true", help="hash every index file whole (slow on large indexes); rebuild if corrupt"
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bars, warnings only")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="encoder processes for text/table KBs (sentence-transformers' pool; one per GPU when there are GPUs); "
+        "overrides `encode_workers` in the YAML",
+    )
     args = parser.parse_args(argv)
+    if args.workers is not None and args.workers < 1:
+        parser.error(f"--workers must be >= 1, got {args.workers}")
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(levelname)s %(message)s")
 
     configs = load_kb_configs(args.kb)
@@ -39,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             parser.error(f"--only: unknown KB name(s) {unknown}; {args.kb} declares {[c.name for c in configs]}")
         configs = [c for c in configs if c.name in args.only]
+    if args.workers is not None:
+        configs = [dataclasses.replace(c, encode_workers=args.workers) for c in configs]
 
     rows = []
     for cfg in configs:
@@ -50,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt as e:  # Ctrl-C: `kbrouter` prints what was kept
             e.args = (
                 f"{len(rows)} of {len(configs)} KB indexes ready; {cfg.name}'s unfinished build is never used "
-                "(an index is swapped in only when complete)",
+                "(an index is swapped in only when complete); run the same command again to resume it",
             )
             raise
         status = ("reused (verified)" if args.verify else "reused (up to date)") if reused else "built"

@@ -23,7 +23,9 @@ import yaml
 from retrievers.types import GRANULARITIES
 
 SEARCH_MODES = ("dense", "bm25", "hybrid")
-INDEX_TYPES = ("flat", "hnsw", "ivf")
+# FAISS kinds (embedded, the default) and `milvus`: a Milvus collection, embedded (Milvus Lite file) or by URI.
+INDEX_TYPES = ("flat", "hnsw", "ivf", "ivfpq", "milvus")
+REFINE_TYPES = ("none", "flat", "fp16", "sq8")
 ENCODER_BACKENDS = ("sentence-transformers", "flagembedding")
 FIX_INDEX = "kbrouter index --kb {file} --force"
 
@@ -118,12 +120,33 @@ class KBConfig:
     device: str | None = field(default=None, metadata={"help": "Encoder device (cpu, cuda); None lets it choose."})
     batch_size: int = field(default=64, metadata={"help": "Encoder batch size."})
     search: str | None = field(default=None, metadata={"help": "dense|bm25|hybrid; kind default (hybrid for text)."})
-    index: str = field(default="flat", metadata={"help": "FAISS index: flat (exact) | hnsw | ivf."})
+    index: str = field(
+        default="flat", metadata={"help": "flat (exact) | hnsw | ivf | ivfpq (FAISS, embedded) | milvus (a database)."}
+    )
     hnsw_m: int = field(default=32, metadata={"help": "HNSW graph degree (build time)."})
     hnsw_ef_construction: int = field(default=40, metadata={"help": "HNSW efConstruction (build time)."})
     hnsw_ef_search: int = field(default=64, metadata={"help": "HNSW efSearch (query time, no rebuild needed)."})
     ivf_nlist: int = field(default=1024, metadata={"help": "IVF lists (build time; capped by corpus size)."})
     nprobe: int = field(default=16, metadata={"help": "IVF lists probed per query (query time)."})
+    pq_m: int = field(default=48, metadata={"help": "IVF-PQ sub-quantizers (build time; must divide the dim)."})
+    pq_bits: int = field(default=8, metadata={"help": "IVF-PQ bits per sub-quantizer code (build time)."})
+    refine: str = field(
+        default="none", metadata={"help": "IVF-PQ re-ranking store: none | flat | fp16 | sq8 (build time)."}
+    )
+    refine_k_factor: int = field(default=4, metadata={"help": "IVF-PQ candidates re-ranked per hit (query time)."})
+    shards: int = field(default=1, metadata={"help": "FAISS shard files searched together (faiss.IndexShards)."})
+    train_sample: int = field(default=100_000, metadata={"help": "Vectors IVF/IVF-PQ is trained on (build time)."})
+    build_chunk: int = field(
+        default=20_000, metadata={"help": "Texts encoded per resumable chunk (an interrupted build resumes)."}
+    )
+    encode_workers: int = field(
+        default=1, metadata={"help": "Encoder processes (sentence-transformers pool; `kbrouter index --workers`)."}
+    )
+    uri: str = field(
+        default="",
+        metadata={"help": "index: milvus: a Milvus Lite file path or http(s)://host:port; default <index_dir>.db."},
+    )
+    collection: str = field(default="", metadata={"help": "index: milvus: collection name; default the KB name."})
     mmap: bool = field(default=False, metadata={"help": "Memory-map the FAISS index on load."})
     rrf_k: int = field(default=60, metadata={"help": "Reciprocal-rank-fusion constant for hybrid search."})
     fusion_depth: int = field(default=50, metadata={"help": "Candidates taken from each ranker before fusion."})
@@ -159,15 +182,17 @@ class KBConfig:
             ("search", self.search, SEARCH_MODES),
             ("index", self.index, INDEX_TYPES),
             ("encoder_backend", self.encoder_backend, ENCODER_BACKENDS),
+            ("refine", self.refine, REFINE_TYPES),
         ):
             if value not in valid:
                 raise ValueError(f"KB {self.name!r}: `{key}` is {value!r}; use one of {', '.join(valid)}")
-        for key in ("display_name", "encoder", "description"):
+        for key in ("display_name", "encoder", "description", "uri", "collection"):
             value = getattr(self, key, "")
             if value is not None and not isinstance(value, str):
                 raise ValueError(f"KB {self.name!r}: `{key}` must be a string, got {value!r}; quote it in the YAML")
         int_keys = ("k", "chunk_words", "batch_size", "hnsw_m", "hnsw_ef_construction", "hnsw_ef_search")
-        for key in (*int_keys, "ivf_nlist", "nprobe", "rrf_k", "fusion_depth"):
+        large_keys = ("pq_m", "pq_bits", "refine_k_factor", "shards", "train_sample", "build_chunk", "encode_workers")
+        for key in (*int_keys, "ivf_nlist", "nprobe", "rrf_k", "fusion_depth", *large_keys):
             value = getattr(self, key)
             # a bool is an int to Python: `k: true` would silently become 1
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -183,6 +208,16 @@ class KBConfig:
                 "(relative paths resolve against the YAML file's directory)"
             )
         self.index_dir = Path(self.index_dir) if self.index_dir else default_cache_dir() / "indexes" / self.name
+        if self.index == "milvus" and self.kind not in ("text", "table"):
+            raise ValueError(f"KB {self.name!r}: `index: milvus` is for text and table KBs, not kind {self.kind!r}")
+        if self.index == "milvus":
+            self.uri = self.uri or str(Path(self.index_dir).with_name(f"{Path(self.index_dir).name}.db"))
+            self.collection = self.collection or self.name
+        elif self.uri or self.collection:
+            raise ValueError(
+                f"KB {self.name!r}: `uri`/`collection` are for `index: milvus`, but `index` is {self.index!r}; "
+                "set `index: milvus` or drop them"
+            )
 
     @property
     def fix_command(self) -> str:
@@ -232,6 +267,8 @@ def load_kb_configs(path: str | os.PathLike) -> list[KBConfig]:
         entry["corpus"] = _resolve(entry["corpus"], base)
         if entry.get("index_dir"):
             entry["index_dir"] = _resolve(entry["index_dir"], base)
+        if isinstance(entry.get("uri"), str) and entry["uri"] and "://" not in entry["uri"]:
+            entry["uri"] = str(_resolve(entry["uri"], base))  # a Milvus Lite file, relative like `corpus`
         if isinstance(entry.get("options"), dict):  # option keys ending in `_file` are paths, like `corpus`
             entry["options"] = {
                 k: str(_resolve(v, base)) if k.endswith("_file") and isinstance(v, str) else v

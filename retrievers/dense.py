@@ -75,7 +75,13 @@ def load_faiss_index(index_dir: Path, ef_search: int = 64, nprobe: int = 16, mma
     path = Path(index_dir) / FAISS_FILE
     if not path.is_file():
         raise FileNotFoundError(f"dense index {str(path)!r} is missing; rebuild the KB index")
-    index = faiss.read_index(str(path), faiss.IO_FLAG_MMAP if mmap else 0)
+    try:
+        index = faiss.read_index(str(path), faiss.IO_FLAG_MMAP if mmap else 0)
+    except RuntimeError:
+        if not mmap:
+            raise
+        logger.warning("%s: FAISS cannot memory-map this index type; reading it whole", path)
+        index = faiss.read_index(str(path))
     if isinstance(index, faiss.IndexHNSW):
         index.hnsw.efSearch = ef_search
     elif isinstance(index, faiss.IndexIVF):

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,6 +41,7 @@ class Encoder:
     dim: int
     _encode: EncodeFn
     batch_size: int = 64
+    model: object | None = None  # the SentenceTransformer behind `_encode`, for multi-process encoding
 
     def encode(self, texts: list[str], progress: bool = False) -> np.ndarray:
         """Encode texts into an (n, dim) float32 array of unit vectors."""
@@ -55,6 +57,48 @@ class Encoder:
         for i in batches:
             out.append(np.asarray(self._encode(texts[i : i + step]), dtype=np.float32))
         return normalize(np.concatenate(out))
+
+
+def pool_devices(workers: int, device: str | None = None) -> list[str]:
+    """Devices for `workers` encoder processes: the GPUs in turn when CUDA is visible (and not `device: cpu`)."""
+    import torch
+
+    gpus = torch.cuda.device_count() if device != "cpu" and torch.cuda.is_available() else 0
+    return [f"cuda:{i % gpus}" for i in range(workers)] if gpus else ["cpu"] * workers
+
+
+@contextlib.contextmanager
+def encoding_pool(encoder: Encoder, workers: int = 1, device: str | None = None) -> Iterator[EncodeFn]:
+    """An encode function (texts -> unit vectors) spread over `workers` processes.
+
+    Uses sentence-transformers' multi-process pool (one model copy per process, one process per GPU when there
+    are GPUs); the vectors equal a single process's to float rounding (batches are padded differently). With
+    `workers` 1 it is `encoder.encode` and starts nothing.
+
+    Raises:
+        ValueError: `workers` > 1 for an encoder that is not a sentence-transformers model.
+    """
+    if workers <= 1:
+        yield encoder.encode
+        return
+    if encoder.model is None:
+        raise ValueError(
+            f"encode_workers {workers} needs a sentence-transformers encoder; {encoder.name!r} is not one: "
+            "set `encode_workers: 1` (or drop --workers)"
+        )
+    model = encoder.model
+    pool = model.start_multi_process_pool(target_devices=pool_devices(workers, device))
+    try:
+
+        def encode(texts: list[str], progress: bool = False) -> np.ndarray:
+            if not texts:
+                return np.zeros((0, encoder.dim), dtype=np.float32)
+            out = model.encode(texts, pool=pool, batch_size=encoder.batch_size, convert_to_numpy=True)
+            return normalize(out)
+
+        yield encode
+    finally:
+        model.stop_multi_process_pool(pool)
 
 
 def normalize(x: np.ndarray) -> np.ndarray:
@@ -123,7 +167,10 @@ def load_encoder(
         def encode(texts: list[str]) -> np.ndarray:
             return model.encode(texts, batch_size=batch_size, convert_to_numpy=True, show_progress_bar=False)
 
+        st_model = model
+
     elif backend == "flagembedding":
+        st_model = None
         install_flagembedding_shim()
         try:
             from FlagEmbedding import BGEM3FlagModel, FlagModel
@@ -154,4 +201,4 @@ def load_encoder(
         raise ValueError(f"unknown encoder backend {backend!r}; use sentence-transformers or flagembedding")
     # Probing beats asking the model: the dimension method was renamed across sentence-transformers versions.
     dim = int(np.asarray(encode(["dimension probe"])).shape[-1])
-    return Encoder(name=name, dim=dim, _encode=encode, batch_size=batch_size)
+    return Encoder(name=name, dim=dim, _encode=encode, batch_size=batch_size, model=st_model)

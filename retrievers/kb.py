@@ -93,20 +93,30 @@ def corpus_sha256(cfg: KBConfig) -> str:
 
 def expected_manifest(cfg: KBConfig) -> dict:
     """The manifest fields a fresh build of `cfg` would have (those compared before reuse)."""
+    milvus = cfg.index == "milvus"  # the engine also holds BM25, so it is the index of a bm25-only KB too
     dense = cfg.search != "bm25"
     index_params = {}
     if cfg.index == "hnsw":
         index_params = {"hnsw_m": cfg.hnsw_m, "hnsw_ef_construction": cfg.hnsw_ef_construction}
     elif cfg.index == "ivf":
         index_params = {"ivf_nlist": cfg.ivf_nlist}
+    elif cfg.index == "ivfpq":
+        index_params = {"ivf_nlist": cfg.ivf_nlist, "pq_m": cfg.pq_m, "pq_bits": cfg.pq_bits, "refine": cfg.refine}
+    elif milvus:
+        index_params = {"uri": cfg.uri, "collection": cfg.collection}
+    if cfg.index in ("ivf", "ivfpq") and cfg.train_sample != KBConfig.train_sample:
+        index_params["train_sample"] = cfg.train_sample  # left out at its default: older manifests stay valid
+    if cfg.shards != 1 and not milvus:
+        index_params["shards"] = cfg.shards
     return {
         "kind": cfg.kind,
         "granularity": cfg.granularity,
         "search": cfg.search,
         "encoder": cfg.encoder if dense else None,
         "encoder_backend": cfg.encoder_backend if dense else None,
-        "index": cfg.index if dense else None,
-        "index_params": index_params if dense else None,
+        "backend": "milvus" if milvus else "faiss",
+        "index": cfg.index if dense or milvus else None,
+        "index_params": index_params if dense or milvus else None,
         "corpus_sha256": corpus_sha256(cfg),
         "unit_params": json.loads(json.dumps({"chunk_words": cfg.chunk_words, "options": cfg.options}, default=str)),
     }
@@ -133,6 +143,8 @@ def manifest_mismatches(cfg: KBConfig, manifest: dict) -> list[str]:
     """
     expected = expected_manifest(cfg)
     keys = MATCHED + (MATCHED_DENSE if cfg.search != "bm25" else ())
+    if cfg.search == "bm25" and cfg.index == "milvus":  # a Milvus KB holds its BM25 in the engine
+        keys += ("index", "index_params")
     problems = [f"{key}: expected {expected[key]!r}, found {manifest.get(key)!r}" for key in keys
                 if manifest.get(key) != expected[key]]  # fmt: skip
     if manifest.get("search") not in (cfg.search, "hybrid"):
@@ -238,6 +250,10 @@ def load_kb(cfg: KBConfig) -> Retriever:
             + "\n  ".join(problems)
             + f"\nRebuild it with: {cfg.fix_command}"
         )
+    if cfg.index == "milvus":
+        from retrievers.milvus import MilvusRetriever
+
+        return MilvusRetriever.load(cfg)
     return KB_KINDS[cfg.kind].load(cfg)
 
 

@@ -3,24 +3,39 @@
 Layout of an index folder::
 
     docs.jsonl      one `Doc.to_dict()` per unit, line i = unit i
-    dense.faiss     FAISS index over unit vectors (search: dense | hybrid)
+    dense.faiss     FAISS index over unit vectors (search: dense | hybrid), or
+    dense_shards/   several FAISS shard files + shards.json (`shards: N`), searched through faiss.IndexShards
     bm25/           bm25s index over unit texts (search: bm25 | hybrid)
     manifest.json   written last by `retrievers.kb.build_kb`
+
+With `index: milvus` the units, their vectors and BM25 live in a Milvus collection instead (`retrievers.milvus`)
+and the folder holds only the manifest. Dense encoding is chunked and resumable (`retrievers.dense_build`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
+import shutil
 from pathlib import Path
 
 import numpy as np
 
 from retrievers.bm25 import BM25Index, build_bm25_index
 from retrievers.config import KBConfig
-from retrievers.dense import build_faiss_index, dense_search, load_faiss_index, save_faiss_index
-from retrievers.encoders import Encoder, load_encoder, normalize
+from retrievers.dense import dense_search, load_faiss_index
+from retrievers.dense_build import (
+    SHARDS_DIR,
+    build_faiss_dense,
+    encode_in_chunks,
+    index_spec,
+    partial_dir,
+    vectors_key,
+)
+from retrievers.encoders import EncodeFn, Encoder, encoding_pool, load_encoder, normalize
+from retrievers.faiss_index import load_sharded, set_query_params
 from retrievers.fusion import reciprocal_rank_fusion
 from retrievers.types import Doc, Hit, Query, as_queries
 
@@ -66,25 +81,53 @@ def write_index(
     """
     if not docs:
         raise ValueError(f"KB {cfg.name!r}: corpus {str(cfg.corpus)!r} yielded no documents")
+    if cfg.index == "milvus":
+        from retrievers.milvus import sync_collection
+
+        encoder = encoder_for(cfg) if cfg.search != "bm25" else None
+        with contextlib.ExitStack() as stack:
+            encode = lazy_pool(stack, encoder, cfg) if encoder is not None else None
+            return sync_collection(cfg, docs, embed_texts, bm25_texts, groups, encoder, encode, progress)
     tmp = out_dir / (DOCS_FILE + ".tmp")
     with tmp.open("w") as f:
         for doc in docs:
             f.write(json.dumps(doc.to_dict(), ensure_ascii=False) + "\n")
     tmp.replace(out_dir / DOCS_FILE)
     dim = 0
+    work = None
     if cfg.search in ("dense", "hybrid"):
         encoder = encoder_for(cfg)
-        vectors = encoder.encode(embed_texts, progress=progress)
-        if groups is not None:
-            vectors = pool(vectors, groups, len(docs))
-        assert len(vectors) == len(docs), (len(vectors), len(docs))
-        index = build_faiss_index(vectors, cfg.index, cfg.hnsw_m, cfg.hnsw_ef_construction, cfg.ivf_nlist)
-        save_faiss_index(index, out_dir)
+        work = partial_dir(cfg)
+        with contextlib.ExitStack() as stack:
+            encode = lazy_pool(stack, encoder, cfg)
+            files = encode_in_chunks(
+                embed_texts, encode, work, vectors_key(cfg, embed_texts), cfg.build_chunk, progress
+            )
+        pooled = None
+        if groups is not None:  # tables: one vector per table, the mean of its row chunks
+            pooled = pool(np.concatenate([np.load(f) for f in files]), groups, len(docs))
+        build_faiss_dense(cfg, out_dir, files, len(docs), encoder.dim, work, pooled, progress)
         dim = encoder.dim
     if cfg.search in ("bm25", "hybrid"):
         assert len(bm25_texts) == len(docs)
         build_bm25_index(bm25_texts, out_dir)
+    if work is not None:
+        shutil.rmtree(work, ignore_errors=True)  # the index is complete: the resumable chunks are not needed
     return {"dim": dim, "doc_count": len(docs), "embedded_texts": len(embed_texts)}
+
+
+def lazy_pool(stack: contextlib.ExitStack, encoder: Encoder, cfg: KBConfig) -> EncodeFn:
+    """An encode function that starts `cfg.encode_workers` encoder processes on first use (a build resumed after
+    its last chunk encodes nothing and starts none); `stack` stops them."""
+    fn: EncodeFn | None = None
+
+    def encode(texts: list[str]) -> np.ndarray:
+        nonlocal fn
+        if fn is None:
+            fn = stack.enter_context(encoding_pool(encoder, cfg.encode_workers, cfg.device))
+        return fn(texts)
+
+    return encode
 
 
 class IndexedRetriever:
@@ -106,7 +149,11 @@ class IndexedRetriever:
             docs = [dataclasses.replace(Doc.from_dict(json.loads(line)), kb=cfg.name) for line in f]
         encoder = dense = bm25 = None
         if cfg.search in ("dense", "hybrid"):
-            dense = load_faiss_index(index_dir, cfg.hnsw_ef_search, cfg.nprobe, cfg.mmap)
+            if (index_dir / SHARDS_DIR).is_dir():
+                dense = load_sharded(index_dir / SHARDS_DIR, mmap=cfg.mmap)
+            else:
+                dense = load_faiss_index(index_dir, mmap=cfg.mmap)
+            set_query_params(dense, index_spec(cfg, dense.ntotal))
             encoder = encoder_for(cfg)
         if cfg.search in ("bm25", "hybrid"):
             bm25 = BM25Index.load(index_dir)

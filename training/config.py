@@ -162,6 +162,37 @@ class StepGRPOConfig(GRPOConfig, StepDataArgs):
     format_gate: bool = field(
         default=True, metadata={"help": "Malformed tags score 0 on every component (the paper's gate)."}
     )
+    online: bool = field(
+        default=False,
+        metadata={"help": "Online Step-GRPO: live step trees through the KBs, G siblings per visited step "
+                          "(training/online_grpo.py); `train_file` then holds questions or gold trajectories."},
+    )  # fmt: skip
+    online_rollout: dict | None = field(
+        default=None,
+        metadata={"help": "With `online: true`: {kb, max_steps, top_k, discount, outcome_weight, lookahead, "
+                          "allow_outcome_only, ...} (training/rollouts.py, OnlineSettings)."},
+    )  # fmt: skip
+
+    def _check_online(self) -> None:
+        if not self.online:
+            raise ValueError("`online_rollout` is set but `online` is false; set `online: true` or drop it")
+        self.online_settings()  # unknown keys and bad values fail here
+        if self.train_format not in ("auto", "trajectories"):
+            raise ValueError(f"online mode reads questions or gold trajectories, not `train_format: "
+                             f"{self.train_format}`; set `train_format: auto`")  # fmt: skip
+        if self.eval_file:
+            raise ValueError("`eval_file` is not used online; drop it (benchmarks/online_vs_offline.py evaluates)")
+        if self.per_device_train_batch_size % self.num_generations:
+            raise ValueError(
+                f"online: `per_device_train_batch_size` ({self.per_device_train_batch_size}) must be a multiple of "
+                f"`num_generations` ({self.num_generations}) so that each process rolls out whole questions"
+            )
+
+    def online_settings(self):
+        """The validated `online_rollout` (a `training.rollouts.OnlineSettings`)."""
+        from training.rollouts import OnlineSettings
+
+        return OnlineSettings.from_dict(self.online_rollout)
 
     def __post_init__(self):
         self._check_data_args()
@@ -170,6 +201,8 @@ class StepGRPOConfig(GRPOConfig, StepDataArgs):
                 f"`num_generations` ({self.num_generations}) must be >= 2 for group-relative advantages; "
                 "set e.g. `num_generations: 8` in the YAML"
             )
+        if self.online or self.online_rollout is not None:
+            self._check_online()
         if isinstance(self.beta, bool) or not isinstance(self.beta, (int, float)) or not self.beta >= 0:
             raise ValueError(
                 f"`beta` (the KL coefficient) must be >= 0, got {self.beta!r} (a negative one pushes the policy away "
@@ -186,7 +219,7 @@ class StepGRPOConfig(GRPOConfig, StepDataArgs):
             raise ValueError(f"each `rewards` entry is a mapping {{name, weight, kwargs}}; got {self.rewards!r}")
         if not specs:
             raise ValueError("`rewards` is empty; list at least one of " + ", ".join(sorted(REWARDS)))
-        if all(s.weight == 0 for s in specs):
+        if all(s.weight == 0 for s in specs) and not (self.online and self.online_settings().outcome_weight > 0):
             raise ValueError("every reward `weight` is 0: nothing would be trained; give at least one a weight > 0")
         if self.reward_weights is not None and list(self.reward_weights) != [s.weight for s in specs]:
             raise ValueError("set reward weights in `rewards: [{name, weight}]`, not in `reward_weights`")

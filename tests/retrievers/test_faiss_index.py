@@ -1,22 +1,15 @@
-"""Large-index helpers on real FAISS: top-k merging, sharded chunked builds, resume, mmap, recall, GPU."""
+"""Large local indexes on real FAISS: factory-made kinds, sharded chunked builds (faiss.IndexShards), resume,
+mmap, recall, query-time parameters."""
 
 from __future__ import annotations
 
 import json
 
+import faiss
 import numpy as np
 import pytest
 
-from retrievers.faiss_index import (
-    PROGRESS_FILE,
-    IndexSpec,
-    ShardedIndex,
-    build_sharded,
-    gpu_available,
-    make_index,
-    merge_topk,
-    to_gpu,
-)
+from retrievers.faiss_index import PROGRESS_FILE, IndexSpec, build_sharded, load_sharded, make_index
 
 DIM = 64
 
@@ -55,29 +48,12 @@ def exact(x: np.ndarray, q: np.ndarray, k: int):
     return index.search(q, k)
 
 
-@pytest.mark.parametrize(
-    "scores,ids,k,want_ids",
-    [
-        # two shards interleave by score
-        ([[[0.9, 0.5]], [[0.8, 0.1]]], [[[0, 1]], [[10, 11]]], 3, [[0, 10, 1]]),
-        # -1 padding (a shard with fewer than k vectors) never beats a real hit and pads the tail
-        ([[[0.2, 0.0]], [[0.1, 0.0]]], [[[3, -1]], [[7, -1]]], 3, [[3, 7, -1]]),
-        # k larger than all candidates is capped
-        ([[[0.3]], [[0.4]]], [[[1]], [[2]]], 5, [[2, 1]]),
-    ],
-)
-def test_merge_topk(scores, ids, k, want_ids):
-    s, i = merge_topk([np.asarray(a, np.float32) for a in scores], [np.asarray(a) for a in ids], k)
-    assert i.tolist() == want_ids
-    real = s[i >= 0]
-    assert np.all(real[:-1] >= real[1:])
-
-
 def test_sharded_flat_equals_one_flat_index(tmp_path):
     manifest = build_sharded(source(X, 700), tmp_path / "idx", DIM, IndexSpec("flat"), shard_size=2500, progress=False)
     # 6000 rows in shards of 2500 -> 2500, 2500, 1000, with global offsets
     assert [(s["offset"], s["ntotal"]) for s in manifest["shards"]] == [(0, 2500), (2500, 2500), (5000, 1000)]
-    index = ShardedIndex.load(tmp_path / "idx")
+    index = load_sharded(tmp_path / "idx")
+    assert isinstance(index, faiss.IndexShards)  # FAISS merges the shards' answers, with global ids
     s, i = index.search(Q, 10)
     want_s, want_i = exact(X, Q, 10)
     assert index.ntotal == len(X)
@@ -93,11 +69,11 @@ def test_interrupted_build_resumes_where_it_stopped(tmp_path):
     state = json.loads((out / PROGRESS_FILE).read_text())
     assert state["rows_done"] == 2000 and len(state["shards"]) == 2
     with pytest.raises(FileNotFoundError, match="unfinished"):
-        ShardedIndex.load(out)
+        load_sharded(out)
     starts: list[int] = []
     build_sharded(source(X, 500, starts=starts), out, DIM, IndexSpec("flat"), shard_size=1000, progress=False)
     assert starts == [2000]  # resumed, not restarted
-    s, i = ShardedIndex.load(out).search(Q, 10)
+    s, i = load_sharded(out).search(Q, 10)
     np.testing.assert_array_equal(i, exact(X, Q, 10)[1])
     # a finished build is reused as is; a different spec in the same folder is refused
     assert build_sharded(source(X, 500, starts=starts), out, DIM, IndexSpec("flat"), 1000, progress=False)
@@ -115,16 +91,20 @@ def test_interrupted_build_resumes_where_it_stopped(tmp_path):
         (IndexSpec("ivf", nlist=32, nprobe=8), 0.85),
         # IVF-PQ: 16 sub-quantizers of 6 bits compress 256 bytes to 12, so recall is lower
         (IndexSpec("ivfpq", nlist=32, nprobe=8, pq_m=16, pq_bits=6), 0.4),
+        # the same codes re-ranked by exact distances over 4x the candidates (IndexRefineFlat) recover recall
+        (IndexSpec("ivfpq", nlist=32, nprobe=8, pq_m=16, pq_bits=6, refine="flat", refine_k_factor=4), 0.8),
+        # 4-bit codes use FAISS's fast-scan kernels
+        (IndexSpec("ivfpq", nlist=32, nprobe=8, pq_m=16, pq_bits=4, refine="fp16"), 0.8),
     ],
 )
 def test_approximate_indexes_recall_and_mmap(tmp_path, spec, min_recall):
     build_sharded(source(X, 1000), tmp_path / "idx", DIM, spec, shard_size=3000, train_sample=X[:3000], progress=False)
     _, truth = exact(X, Q, 10)
-    _, ids = ShardedIndex.load(tmp_path / "idx").search(Q, 10)
+    _, ids = load_sharded(tmp_path / "idx").search(Q, 10)
     recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(ids, truth, strict=True)])
     assert recall >= min_recall, recall
     # memory-mapped shards answer exactly as shards read into RAM
-    _, mm_ids = ShardedIndex.load(tmp_path / "idx", mmap=True).search(Q, 10)
+    _, mm_ids = load_sharded(tmp_path / "idx", mmap=True).search(Q, 10)
     np.testing.assert_array_equal(mm_ids, ids)
 
 
@@ -141,7 +121,7 @@ def test_query_time_overrides_change_ivf_results(tmp_path):
     _, truth = exact(X, Q, 10)
 
     def recall(nprobe):
-        _, ids = ShardedIndex.load(tmp_path / "idx", nprobe=nprobe).search(Q, 10)
+        _, ids = load_sharded(tmp_path / "idx", nprobe=nprobe).search(Q, 10)
         return np.mean([len(set(a) & set(b)) / 10 for a, b in zip(ids, truth, strict=True)])
 
     # probing every cell is exact; probing one is not
@@ -154,6 +134,8 @@ def test_query_time_overrides_change_ivf_results(tmp_path):
     [
         ({"kind": "annoy"}, ValueError, "unknown"),  # unknown kind names the valid ones
         ({"kind": "ivf", "nlist": 0}, ValueError, "nlist"),  # non-positive parameter
+        ({"kind": "ivfpq", "refine": "pq"}, ValueError, "refine"),  # unknown refine store
+        ({"kind": "hnsw", "refine": "flat"}, ValueError, "for kind ivfpq"),  # refine re-ranks PQ codes only
     ],
 )
 def test_spec_validation(kwargs, error, match):
@@ -173,32 +155,20 @@ def test_build_errors(tmp_path):
         build_sharded(source(X, 1000), tmp_path / "b", 32, IndexSpec("flat"), progress=False)
 
 
-def test_to_gpu_without_gpu_keeps_cpu_index():
-    index = make_index(DIM, IndexSpec("flat"))
-    index.add(X[:100])
-    moved = to_gpu(index)
-    if gpu_available():
-        assert moved is not index
-    else:
-        assert moved is index
-
-
-@pytest.mark.gpu
-def test_gpu_search_matches_cpu(tmp_path):
-    if not gpu_available():
-        pytest.skip("needs faiss-gpu and a CUDA GPU")
-    build_sharded(source(X, 1000), tmp_path / "idx", DIM, IndexSpec("flat"), shard_size=3000, progress=False)
-    _, cpu = ShardedIndex.load(tmp_path / "idx", gpu=False).search(Q, 10)
-    _, gpu = ShardedIndex.load(tmp_path / "idx", gpu=True).search(Q, 10)
-    assert (cpu == gpu).mean() > 0.99  # GPU float order may swap exact ties
+def test_query_params_reach_every_shard(tmp_path):
+    # nprobe set through faiss.ParameterSpace on the IndexShards reaches each IVF shard
+    spec = IndexSpec("ivf", nlist=16, nprobe=3)
+    build_sharded(source(X, 1000), tmp_path / "idx", DIM, spec, shard_size=2000, train_sample=X, progress=False)
+    index = load_sharded(tmp_path / "idx", nprobe=5)
+    assert [faiss.extract_index_ivf(index.at(i)).nprobe for i in range(index.count())] == [5, 5, 5]
 
 
 def test_sharded_index_drops_into_dense_search(tmp_path):
-    # the text KB's `dense_search(index, vectors, k)` accepts a ShardedIndex in place of one FAISS index
+    # the text KB's `dense_search(index, vectors, k)` takes the IndexShards like one FAISS index
     from retrievers.dense import dense_search
 
     build_sharded(source(X, 1000), tmp_path / "idx", DIM, IndexSpec("flat"), shard_size=2000, progress=False)
-    s, i = dense_search(ShardedIndex.load(tmp_path / "idx"), Q, 7)
+    s, i = dense_search(load_sharded(tmp_path / "idx"), Q, 7)
     want_s, want_i = exact(X, Q, 7)
     np.testing.assert_array_equal(i, want_i)
     np.testing.assert_allclose(s, want_s, rtol=1e-6)
