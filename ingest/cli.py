@@ -42,7 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-pages", type=int, default=2000, help="skip PDFs with more pages")
     parser.add_argument("--max-seconds", type=float, default=300, help="skip a file whose parse takes longer")
     parser.add_argument("--max-rows", type=int, default=100_000, help="skip a CSV/TSV/sheet with more rows")
-    parser.add_argument("--table-rows", type=int, default=25, help="rows per table record (long tables are cut)")
+    parser.add_argument(
+        "--table-rows", type=int, default=25, help="most rows per table record (fewer when rows are wide)"
+    )
     parser.add_argument("--encoder", default="minilm", help="text encoder of the KBs (`minilm` or a model path)")
     parser.add_argument("--clip-model", default="kbrouter-tiny-clip", help="open_clip model of the media KBs")
     parser.add_argument("--clip-pretrained", default=None, help="open_clip weights tag or checkpoint path")

@@ -4,7 +4,7 @@
 |---|---|---|
 | `passages.jsonl` | `text` (text, paragraph) | passage of <= 100 words: `{id, title, text, provenance, source_id}` |
 | `documents.jsonl` | `document` (text, document) | file: its whole text |
-| `tables.jsonl` | `table` (table) | table part of <= `table_rows` rows, header repeated: `{id, header, rows, title, caption, metadata}` |
+| `tables.jsonl` | `table` (table) | table part (<= `table_rows` rows, ~1000 characters), header repeated: `{id, header, rows, title, caption, metadata}` |
 | `images.jsonl` | `image` (image) | figure: `{id, image, captions, title, metadata}` |
 | `videos.jsonl` | `clip` and `video` | video: `{id, video, subtitles, title, description}` |
 
@@ -39,6 +39,18 @@ def source_id(prov: dict) -> str:
     return f"{prov['file']}#p{prov['page']}" if prov.get("page") is not None else prov["file"]
 
 
+TABLE_PART_CHARS = 1000  # a table part's rows fit in about this many characters: the policy reads ~1200 per hit
+
+
+def rows_per_part(header: list[str], rows: list[list[str]], most: int, chars: int = TABLE_PART_CHARS) -> int:
+    """How many rows one table record holds: at most `most`, fewer when wide rows would not fit in `chars`."""
+    if not rows:
+        return most
+    row_chars = sum(len(" | ".join(r)) + 4 for r in rows) / len(rows)
+    room = chars - len(" | ".join(header)) - 4
+    return max(1, min(most, int(room // row_chars)))
+
+
 def corpus_lines(parses: list[Parsed], table_rows: int = 25) -> dict[str, list[dict]]:
     """The lines of every corpus file, from the parses (in file order)."""
     out: dict[str, list[dict]] = {name: [] for name in ("passages", "documents", "tables", "images", "videos")}
@@ -66,11 +78,12 @@ def corpus_lines(parses: list[Parsed], table_rows: int = 25) -> dict[str, list[d
             )
         for t in p.tables:
             base = f"{p.file}#t{t.provenance['table']}"
-            parts = [t.rows[i : i + table_rows] for i in range(0, len(t.rows), table_rows)] or [[]]
+            size = rows_per_part(t.header, t.rows, table_rows)
+            parts = [t.rows[i : i + size] for i in range(0, len(t.rows), size)] or [[]]
             for j, rows in enumerate(parts):
                 prov = dict(t.provenance)
                 if len(parts) > 1:
-                    prov["rows"] = [j * table_rows + 1, j * table_rows + len(rows)]
+                    prov["rows"] = [j * size + 1, j * size + len(rows)]
                 out["tables"].append(
                     {
                         "id": base if len(parts) == 1 else f"{base}.{j + 1}",
@@ -99,6 +112,7 @@ def corpus_lines(parses: list[Parsed], table_rows: int = 25) -> dict[str, list[d
                     "subtitles": v.subtitles,
                     "title": p.title,
                     "description": v.description,
+                    "metadata": {"provenance": v.provenance, "source_id": source_id(v.provenance)},
                 }
             )
     return out

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from ingest.units import FigureUnit, Limits, Parsed, Skip, TableUnit, clean, pack_passages, rectangular
@@ -137,11 +138,13 @@ def _explode(row: list[str]) -> list[list[str]]:
     return [[c.split("\n")[i].strip() if c else "" for c in row] for i in range(n)]
 
 
-def _grid_to_table(grid: list[list[str | None]]) -> tuple[list[str], list[list[str]], str, str] | None:
+def _grid_to_table(
+    grid: list[list[str | None]], header_of: Callable[[int], list[str] | None] | None = None
+) -> tuple[list[str], list[list[str]], str, str] | None:
     """Header, rows, title and notes of an extracted grid; None when it is no real table (< 2 rows or columns).
 
     Rows of a wide grid with a single filled cell are not table rows: at the top they are its title, at the bottom
-    its notes (which stay text passages too).
+    its notes (which stay text passages too). `header_of(i)` may give the header of grid row `i` cell by cell.
     """
     cells = [[c or "" for c in row] for row in grid]
 
@@ -149,13 +152,16 @@ def _grid_to_table(grid: list[list[str | None]]) -> tuple[list[str], list[list[s
         return len(row) > 2 and sum(1 for c in row if c.strip()) <= 1
 
     title_lines, note_lines = [], []
+    first = 0
     while cells and single(cells[0]):
         title_lines += [" ".join(c.split()) for c in cells.pop(0) if c.strip()]
+        first += 1
     while cells and single(cells[-1]):
         note_lines = [" ".join(c.split()) for c in cells.pop() if c.strip()] + note_lines
     if len(cells) < 2:
         return None
-    header = [" ".join(c.split()) for c in cells[0]]
+    split = header_of(first) if header_of is not None else None
+    header = split if split is not None and len(split) == len(cells[0]) else [" ".join(c.split()) for c in cells[0]]
     rows = [r for row in cells[1:] for r in _explode(row)]
     header, rows = rectangular(header, rows)
     if len(header) < 2 or not rows:
@@ -204,6 +210,48 @@ def _text_table(page, region: tuple) -> tuple[list[str], list[list[str]], str, s
     return (header, body, "", "") if len(header) >= 2 and body else None
 
 
+def _split_header(page, table, index: int) -> list[str] | None:  # noqa: ANN001
+    """A header row whose cells span several columns, cut into one name per column by the words' positions.
+
+    A spanning cell of two lines is a group label over sub-headers ("Pre-Pawn" over "Handgun Long Gun *Other"): each
+    column gets "label sub-header". Column edges come from the first data row with every cell of its own. None when
+    no cell spans columns.
+    """
+    rows = table.rows
+    if index >= len(rows) or all(c is not None for c in rows[index].cells):
+        return None
+    data = next((r for r in rows[index + 1 :] if all(c is not None for c in r.cells)), None)
+    if data is None:
+        return None
+    edges = [(c[0], c[2]) for c in data.cells]
+    cells = rows[index].cells
+    out: list[str] = []
+    j = 0
+    while j < len(cells):
+        cell, span = cells[j], 1
+        while j + span < len(cells) and cells[j + span] is None:
+            span += 1
+        if cell is None:
+            out.append("")
+            j += 1
+            continue
+        words = page.within_bbox(cell, relative=False).extract_words()
+        lines: list[list[dict]] = []
+        for w in sorted(words, key=lambda w: (round(w["top"]), w["x0"])):
+            if lines and abs(lines[-1][0]["top"] - w["top"]) < 3:
+                lines[-1].append(w)
+            else:
+                lines.append([w])
+        label = " ".join(w["text"] for w in lines[0]) if span > 1 and len(lines) > 1 else ""
+        subs = [w for ln in (lines[1:] if label else lines) for w in ln]
+        for k in range(span):
+            x0, x1 = edges[j + k] if j + k < len(edges) else (cell[0], cell[2])
+            name = " ".join(w["text"] for w in subs if x0 <= (w["x0"] + w["x1"]) / 2 < x1)
+            out.append(" ".join(x for x in (label, name) if x))
+        j += span
+    return out
+
+
 def _caption_near(boxes: list[dict], bbox: tuple, gap: float = 40) -> str:
     """The "Table n" line just above a table, else a short heading there."""
     above = [b for b in boxes if bbox[1] - gap <= b["bottom"] <= bbox[1] + 2 and bbox[0] - 50 <= b["x0"] <= bbox[2]]
@@ -215,7 +263,7 @@ def _tables(page, boxes: list[dict]) -> list[tuple[list[str], list[list[str]], s
     """(header, rows, caption, notes, bbox) of each table of a page."""
     out = []
     for table in page.find_tables():
-        got = _grid_to_table(table.extract())
+        got = _grid_to_table(table.extract(), lambda i, table=table: _split_header(page, table, i))
         if got is not None:
             header, rows, title, notes = got
             caption = " ".join(x for x in (_caption_near(boxes, table.bbox), title) if x)

@@ -6,6 +6,8 @@ in a sibling `subtitles/` folder), or a JSONL file, one video per line::
     {"id": "popeye_p1", "video": "videos/popeye_sinbad_p1.mkv", "subtitles": "subtitles/popeye_sinbad_p1.eng.srt",
      "title": "Popeye meets Sinbad (part 1)", "description": "optional text indexed with the transcript"}
 
+(an optional `metadata` object is kept on the video's docs; a `provenance` in it gets each clip's time span).
+
 Clips: PySceneDetect's `ContentDetector` runs on frames decoded by PyAV and scaled to `detect_width` inside FFmpeg
 (`skip_nonref` also skips decoding non-reference frames, ~2x faster on HEVC, cuts then land on reference frames).
 Scenes shorter than `min_clip_s` are merged into their neighbour, scenes longer than `max_clip_s` are split into equal
@@ -183,6 +185,7 @@ def read_video_corpus(corpus: Path) -> list[dict]:
                         "subtitles": str(subs) if subs else None,
                         "title": p.stem.replace("_", " "),
                         "description": "",
+                        "metadata": {},
                     }
                 )
         if not rows:
@@ -200,6 +203,7 @@ def read_video_corpus(corpus: Path) -> list[dict]:
                 "subtitles": str((corpus.parent / subs).resolve()) if subs else None,
                 "title": row.get("title", video.stem.replace("_", " ")),
                 "description": row.get("description", ""),
+                "metadata": dict(row.get("metadata") or {}),  # e.g. provenance written by `kbrouter ingest`
             }
         )
     return rows
@@ -215,6 +219,12 @@ def _cues(row: dict, enabled: bool, notes: list[dict]) -> list[Cue]:
             {"source": row["subtitles"], "id": row["id"], "reason": str(e), "action": "indexed without transcript"}
         )
         return []
+
+
+def _with_span(metadata: dict, start: float, end: float) -> dict:
+    """A clip's copy of its video's metadata, its provenance (if any) narrowed to the clip's time span."""
+    prov = metadata.get("provenance")
+    return {**metadata, "provenance": {**prov, "start": start, "end": end}} if isinstance(prov, dict) else metadata
 
 
 def _mean_vector(clip, frames: list) -> np.ndarray:
@@ -264,7 +274,12 @@ def build_clip_kb(cfg: KBConfig, out_dir: Path, progress: bool = True) -> dict:
                     kb=cfg.name,
                     modality="video",
                     media=Media(row["video"], a, b),
-                    metadata={"video_id": row["id"], "clip": i, "transcript": bool(transcript)},
+                    metadata={
+                        **_with_span(row["metadata"], a, b),
+                        "video_id": row["id"],
+                        "clip": i,
+                        "transcript": bool(transcript),
+                    },
                 )
             )
             texts.append([body] if body else [])
@@ -309,7 +324,7 @@ def build_video_kb(cfg: KBConfig, out_dir: Path, progress: bool = True) -> dict:
                 kb=cfg.name,
                 modality="video",
                 media=Media(row["video"]),
-                metadata={"duration": round(info.duration, 3), "transcript": bool(transcript)},
+                metadata={**row["metadata"], "duration": round(info.duration, 3), "transcript": bool(transcript)},
             )
         )
         texts.append([body] if body else [])
