@@ -36,7 +36,12 @@ def main(argv: list[str] | None = None) -> int:
     level = logging.INFO if cfg.should_log and cfg.log_level == "passive" else cfg.get_process_log_level()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logger.info("resolved %s config:\n%s", args.command, cfg)
-    trainer = build_grpo_trainer(cfg) if args.command == "grpo" else build_sft_trainer(cfg)
+    if args.command == "grpo" and cfg.online:  # live step trees (training/online_grpo.py)
+        from training.online_grpo import build_online_grpo_trainer
+
+        trainer = build_online_grpo_trainer(cfg)
+    else:
+        trainer = build_grpo_trainer(cfg) if args.command == "grpo" else build_sft_trainer(cfg)
     try:
         metrics = train(trainer, cfg)
     except KeyboardInterrupt as e:  # Ctrl-C: `kbrouter` prints this one line

@@ -1,0 +1,196 @@
+"""Offline against online Step-GRPO from the same SFT adapter, with the same CPU wall-clock budget each.
+
+Offline: `configs/train/smollm2_router_grpo_lora_cpu.yaml` (step prompts on gold prefixes). Online:
+`configs/train/smollm2_online_grpo_cpu.yaml` (live step trees over `configs/kb/eval_cpu.yaml`, G siblings per visited
+step). Each trains until its budget is spent (checked after every optimizer step, so the last step may overrun; the
+seconds actually spent are printed). Then the SFT start and both results answer the same held-out step prompts
+(`steps_heldout.jsonl`, trajectories no stage trained on) greedily and unconstrained, scored by the recipe rewards
+(`benchmarks/router_stages.py`), plus the final answers' F1-recall and the first-step KB accuracy (constrained greedy,
+stop removed). Paired differences (online - offline) carry their standard errors.
+
+    python benchmarks/online_vs_offline.py                        # 2 x 300 s of training + ~5 min of scoring
+    python benchmarks/online_vs_offline.py --budget-s 120 --limit 10 --synth runs/synth/annotation_cpu_v1
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+for _k, _v in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+               "TRL_EXPERIMENTAL_SILENCE": "1"}.items():  # fmt: skip
+    os.environ.setdefault(_k, _v)
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+OFFLINE = "configs/train/smollm2_router_grpo_lora_cpu.yaml"
+ONLINE = "configs/train/smollm2_online_grpo_cpu.yaml"
+
+
+def stop_after(seconds: float):
+    from transformers import TrainerCallback
+
+    class StopAfter(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if time.perf_counter() - self.t0 >= seconds:
+                control.should_training_stop = True
+
+    return StopAfter()
+
+
+def run_training(kind: str, overrides: list[str], budget: float, out: Path) -> dict:
+    """Train one method within `budget` seconds; returns its timing figures (the adapter is saved to `out`)."""
+    from training.config import load_config
+    from training.trainers import build_grpo_trainer
+
+    recipe = OFFLINE if kind == "offline" else ONLINE
+    cfg = load_config("grpo", REPO / recipe, [*overrides, "--output_dir", str(out), "--max_steps", "1000",
+                                              "--save_strategy", "no", "--logging_steps", "1"])  # fmt: skip
+    if kind == "online":
+        from training.online_grpo import build_online_grpo_trainer
+
+        trainer = build_online_grpo_trainer(cfg)
+    else:
+        trainer = build_grpo_trainer(cfg)
+    trainer.add_callback(stop_after(budget))
+    t0 = time.perf_counter()
+    trainer.train()
+    wall = time.perf_counter() - t0
+    trainer.save_model(str(out))
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    fig = {"steps": trainer.state.global_step, "train_wall_s": wall}
+    if kind == "online":
+        rollout = sum(h["online/rollout_s"] for h in logs)
+        trajectories = sum(h["online/rows"] + 1 for h in logs)  # siblings + the spine (one question per step)
+        fig.update(rollout_s=rollout, rollouts_per_s=trajectories / max(wall, 1e-9),
+                   rollouts_per_rollout_s=trajectories / max(rollout, 1e-9),
+                   branch_time_share=sum(h["online/branch_s"] for h in logs) / max(rollout, 1e-9),
+                   anchors_per_question=sum(h["online/anchors_per_question"] for h in logs) / max(len(logs), 1),
+                   rows=sum(h["online/rows"] for h in logs))  # fmt: skip
+    else:
+        n = cfg.per_device_train_batch_size * trainer.state.global_step
+        fig.update(completions=n, completions_per_s=n / max(wall, 1e-9))
+    del trainer
+    gc.collect()
+    return fig
+
+
+def training_questions(synth: Path, tmp: Path) -> Path:
+    """The synthesis run's trajectories minus the held-out ones (text only: the online loader skips images)."""
+    held = {json.loads(line)["trajectory_id"] for line in (synth / "steps_heldout.jsonl").open() if line.strip()}
+    rows = [line for line in (synth / "trajectories.jsonl").open() if line.strip()
+            and json.loads(line)["id"] not in held]  # fmt: skip
+    path = tmp / "train_trajectories.jsonl"
+    path.write_text("".join(rows))
+    return path
+
+
+def evaluate(adapter: str, records, all_records, funcs, weights, recipe: dict) -> dict:
+    from router_stages import first_step_routing, score
+
+    from agent.backends.hf import TransformersPolicy
+    from agent.protocol import parse_answer
+    from eval.metrics import f1_recall
+    from training.step_dataset import build_step_dataset
+
+    policy = TransformersPolicy("smollm2", adapter=adapter, max_batch_size=16)
+    tokens = {"plan": recipe["grammar_tokens"]["plan"], "final": recipe["grammar_tokens"]["final"]}
+    ds = build_step_dataset(records, tokenizer=policy.tokenizer, max_prompt_tokens=recipe["max_prompt_tokens"],
+                            grammar_tokens=recipe["grammar_tokens"])  # fmt: skip
+    result = score(policy, ds, funcs, weights, tokens)
+    finals = ds.filter(lambda r: r["step_type"] == "final")
+    from agent.backends.base import SamplingParams
+
+    outs = policy.generate([list(p) for p in finals["prompt"]],
+                           SamplingParams(max_new_tokens=tokens["final"], stop=("</answer>",)))  # fmt: skip
+    result["final_f1_recall"] = [f1_recall(parse_answer(o.text).answer or "", list(g)).recall
+                                 for o, g in zip(outs, finals["gold_answers"], strict=True)]  # fmt: skip
+    ids = {r.trajectory_id for r in records}
+    result["routing"] = first_step_routing(policy, [r for r in all_records if r.trajectory_id in ids],
+                                           recipe["grammar_tokens"]["plan"])  # fmt: skip
+    del policy
+    gc.collect()
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sft", default="runs/train/smollm2_router_sft_decisions", help="the SFT adapter both start from")
+    ap.add_argument("--synth", default="runs/synth/annotation_cpu", help="synthesis run: trajectories + step splits")
+    ap.add_argument("--budget-s", type=float, default=300.0, help="training wall seconds per method")
+    ap.add_argument("--limit", type=int, default=20, help="held-out prompts per step type (plan, final)")
+    args = ap.parse_args()
+
+    import yaml
+    from router_stages import mean_se
+
+    from training.config import RewardSpec
+    from training.rewards import build_reward
+    from training.step_data import load_step_records
+
+    synth = REPO / args.synth
+    recipe = yaml.safe_load((REPO / OFFLINE).read_text())
+    tmp = Path(tempfile.mkdtemp(prefix="online_vs_offline_"))
+    start = ["--init_adapter", str(REPO / args.sft)]
+    figs = {
+        "offline": run_training("offline", [*start, "--train_file", str(synth / "steps_train.jsonl")],
+                                args.budget_s, tmp / "offline"),
+        "online": run_training("online", [*start, "--train_file", str(training_questions(synth, tmp))],
+                               args.budget_s, tmp / "online"),
+    }  # fmt: skip
+
+    specs = [RewardSpec.from_dict(d) for d in recipe["rewards"]]
+    funcs = [build_reward(s.name, **{**s.kwargs, "gate": True} if s.name != "format" else s.kwargs) for s in specs]
+    weights = [s.weight for s in specs]
+    all_records = load_step_records(str(synth / "steps_heldout.jsonl"), "steps")
+    kept, seen = [], {}
+    for r in all_records:
+        if r.step_type in ("plan", "final"):
+            seen[r.step_type] = seen.get(r.step_type, 0) + 1
+            if seen[r.step_type] <= args.limit:
+                kept.append(r)
+    models = {"sft": str(REPO / args.sft), "offline": str(tmp / "offline"), "online": str(tmp / "online")}
+    t0 = time.perf_counter()
+    results = {name: evaluate(path, kept, all_records, funcs, weights, recipe) for name, path in models.items()}
+    eval_s = time.perf_counter() - t0
+
+    print(f"budget: {args.budget_s:.0f} s of training wall time per method on this CPU (2 shared cores), from "
+          f"{args.sft}; scoring took {eval_s:.0f} s")  # fmt: skip
+    for name, f in figs.items():
+        print(f"{name:8s} " + ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in f.items()))
+    n = {t: sum(r.step_type == t for r in kept) for t in ("plan", "final")}
+    print(f"held-out: {n['plan']} plan + {n['final']} final step prompts of {synth / 'steps_heldout.jsonl'}")
+    keys = ["reward", *[f.__name__ for f in funcs], "final_f1_recall"]
+    print(f"{'mean ± s.e.':22s}" + "".join(f"{m:>18s}" for m in models) + f"{'online - offline (paired)':>30s}")
+    for k in keys:
+        cells = []
+        for m in models:
+            mu, se = mean_se([x for x in results[m][k] if x is not None])
+            cells.append(f"{mu:8.3f} ± {se:5.3f}")
+        pairs = [(a, b) for a, b in zip(results["offline"][k], results["online"][k], strict=True)
+                 if a is not None and b is not None]  # fmt: skip
+        d, dse = mean_se([b - a for a, b in pairs])
+        print(f"{k:22s}" + "".join(f"{c:>18s}" for c in cells) + f"{d:+15.3f} ± {dse:.3f} (n={len(pairs)})")
+    print("first-step KB accuracy (constrained greedy, stop removed), right/asked:")
+    for m in models:
+        r = results[m]["routing"]
+        right, asked = sum(v[0] for v in r.values()), sum(v[1] for v in r.values())
+        per = ", ".join(f"{d} {a}/{b}" for d, (a, b) in sorted(r.items()))
+        print(f"  {m:8s} {right}/{asked} ({right / max(asked, 1):.2f})   {per}")
+    d, dse = mean_se([b - a for a, b in zip(results["offline"]["reward"], results["online"]["reward"], strict=True)])
+    winner = "online" if d > 2 * dse else "offline" if d < -2 * dse else "neither (|diff| < 2 s.e.)"
+    print(f"held-out step reward, online - offline: {d:+.3f} ± {dse:.3f} -> wins: {winner}")
+
+
+if __name__ == "__main__":
+    main()
