@@ -257,12 +257,23 @@ class OnlineRun:
     def generate_fn(self, trainer):
         def generate(prompts: list[list[dict]], n: int) -> list[Generated]:
             reps = [p for p in prompts for _ in range(n)]
+            real = len(reps)
+            if trainer.use_vllm:
+                # TRL's vLLM generation gathers the prompts of every process and slices the answers back by equal
+                # counts, so every process sends as many as the busiest one (padding is generated, then dropped)
+                import torch
+
+                count = torch.tensor([real], device=trainer.accelerator.device)
+                most = int(trainer.accelerator.gather(count).max())
+                filler = reps[:n] if reps else [[{"role": "user", "content": "."}]] * n
+                while len(reps) < most:
+                    reps += filler
             if not reps:
-                if trainer.use_vllm:  # vLLM generation gathers across processes: take part with nothing
-                    trainer._generate_single_turn([], None, {}, max(n, 1))
                 return []
             prompt_ids, images, mm = trainer._tokenize_prompts(reps)
             completion_ids, logprobs = trainer._generate_single_turn(prompt_ids, images, mm, n)
+            prompt_ids, completion_ids = prompt_ids[:real], completion_ids[:real]
+            logprobs = logprobs[:real] if logprobs is not None else None
             texts = trainer.processing_class.batch_decode(completion_ids, skip_special_tokens=True)
             lps = logprobs if logprobs is not None else [None] * len(texts)
             return [Generated(list(p), list(c), t, lp)
