@@ -9,6 +9,7 @@ standard error (paired over the same prompts).
     python benchmarks/router_stages.py                 # ~10 min on 2 cores (3 models x ~90 prompts)
     python benchmarks/router_stages.py --limit 40 --stages sft grpo
     python benchmarks/router_stages.py --routing --stages sft1 sft grpo   # + first-step KB accuracy, constrained
+    python benchmarks/router_stages.py --routing --vary-kb-lists 1.0 --stages sft   # routing over other KB lists
 
 `--routing` adds, per stage, the share of held-out *first* plan steps whose KB is the gold one, per dataset, under
 constrained greedy decoding with the stop branch removed (as `kbrouter demo | ask | run` decode the first step).
@@ -31,9 +32,10 @@ sys.path.insert(0, str(REPO))
 STAGES = {
     "base": None,
     "sft1": "runs/train/smollm2_router_sft",
-    "sft": "runs/train/smollm2_router_sft_decisions",
+    "sft1b": "runs/train/smollm2_router_sft_decisions",
+    "sft": "runs/train/smollm2_router_sft_routing",
     "grpo": "models/smollm2-kbrouter",
-}  # sft1: stage 1 alone; sft: stages 1 + 1b (decision-weighted)
+}  # sft1: stage 1 alone; sft1b: + decision-weighted; sft: + 1c (varied KB lists, routing records): the SFT stage
 
 
 def mean_se(xs: list[float]) -> tuple[float, float]:
@@ -96,6 +98,8 @@ def main() -> None:
     ap.add_argument("--stages", nargs="+", default=list(STAGES), choices=list(STAGES))
     ap.add_argument("--limit", type=int, default=None, help="at most N prompts per step type")
     ap.add_argument("--routing", action="store_true", help="also first-step KB accuracy (constrained, see above)")
+    ap.add_argument("--vary-kb-lists", type=float, default=0.0, metavar="SHARE",
+                    help="re-render SHARE of the routing prompts with a shuffled subset of the KB list (seed 123)")  # fmt: skip
     args = ap.parse_args()
 
     import yaml
@@ -123,6 +127,10 @@ def main() -> None:
     results: dict[str, dict[str, list]] = {}
     routing: dict[str, dict[str, tuple[int, int]]] = {}
     all_records = load_step_records(str(REPO / args.heldout), "steps")
+    if args.vary_kb_lists:
+        from training.kb_lists import vary_kb_lists
+
+        all_records = vary_kb_lists(all_records, args.vary_kb_lists, min_kbs=2, seed=123)
     for stage in args.stages:
         adapter = STAGES[stage]
         policy = TransformersPolicy("smollm2", adapter=str(REPO / adapter) if adapter else None, max_batch_size=16)

@@ -7,7 +7,13 @@ reads (`qid, video_id, question, answer, evidence_span_s`), each one answerable 
 - "What happens in <video> between <s> and <e> seconds?" -> the shot note;
 - "In <video>, what is seen at about <t> seconds?" -> the shot note;
 - "In which part of the video does this happen: <note>?" -> "<s>-<e> s";
-- "In <video>, what is said at about <t> seconds?" -> the subtitle line.
+- "In <video>, what is said at about <t> seconds?" -> the subtitle line;
+and, in the words people use for video questions ("the cartoon", "the clip", "the scene", "the song", "on screen"),
+rotating those referents so no single template carries the routing cue:
+- "What happens at the start / end of <referent>?" -> the first / last shot note of the video;
+- "In <referent>, what happens right after / just before this: <note>?" -> the next / previous shot note;
+- "What is on screen in <referent> while someone says "<line>"?" -> the shot note of that line;
+- "In the song of <referent>, which words come after "<line>"?" -> the next subtitle line.
 No scored question is read. The notes are the same text the clip KB indexes, so the answer and final steps of these
 trajectories would teach the clips' content; `scripts/split_steps.py --plan-only clip_notes` keeps only their plan
 steps (routing and phrasing a clip question), and the model card says so.
@@ -28,9 +34,60 @@ def short_title(title: str) -> str:
     return title.split(" (")[0].split(",")[0].strip()
 
 
+REFERENTS = ("the cartoon", "the clip", "the video", "the scene", "the film excerpt", "{title}")
+
+
+def _referent(i: int, title: str) -> str:
+    return REFERENTS[i % len(REFERENTS)].format(title=title)
+
+
+def _lowered(note: str) -> str:
+    return note[:1].lower() + note[1:].rstrip(".")
+
+
+def natural_questions(clips: list[dict]) -> list[dict]:
+    """Questions in the words of video QA, over consecutive shots of one video (see the module docstring)."""
+    rows, n = [], 0
+    by_video: dict[str, list[dict]] = {}
+    for clip in clips:
+        by_video.setdefault(clip["video_id"], []).append(clip)
+    for video_id, shots in by_video.items():
+        title = short_title(shots[0]["title"])
+        notes = [c["text"].split(" Dialogue: ")[0].strip() for c in shots]
+
+        def ask(qid: str, question: str, answer: str, clip: dict, kind: str = "visual", vid: str = video_id) -> None:
+            rows.append({"qid": f"clipnote-{vid}-{qid}", "question": question, "answer": answer,
+                         "video_id": vid, "evidence_span_s": [clip["start"], clip["end"]],
+                         "evidence_type": kind,
+                         "annotation": "templated from the clip KB's shot notes (scripts/make_clip_questions.py)"})  # fmt: skip
+
+        if len(shots) > 1:
+            ask("start", f"What happens at the start of {_referent(n, title)}?", notes[0], shots[0])
+            ask("end", f"What is shown at the end of {_referent(n + 1, title)}?", notes[-1], shots[-1])
+            n += 2
+        for i in range(len(shots) - 1):
+            ask(f"after{i}", f"In {_referent(n, title)}, what happens right after this: {_lowered(notes[i])}?",
+                notes[i + 1], shots[i + 1])  # fmt: skip
+            ask(f"before{i}", f"In {_referent(n + 1, title)}, what happens just before this: "
+                f"{_lowered(notes[i + 1])}?", notes[i], shots[i])  # fmt: skip
+            n += 2
+        for i, clip in enumerate(shots):
+            said = clip["text"].split(" Dialogue: ")[1] if " Dialogue: " in clip["text"] else ""
+            words = [w for w in said.split() if not w.startswith("[")]
+            if len(words) >= 8:
+                line, rest = " ".join(words[:5]), " ".join(words[5:10])
+                ask(f"said{i}", f"What is on screen in {_referent(n, title)} while someone says \"{line}\"?",
+                    notes[i], clip)  # fmt: skip
+                ask(f"song{i}", f"In the song of {_referent(n + 1, title)}, which words come after \"{line}\"?",
+                    rest, clip, "subtitle")  # fmt: skip
+                n += 2
+    return rows
+
+
 def clip_questions(shared: Path) -> list[dict]:
     rows = []
-    for clip in video_clip_rows(shared):
+    clips = video_clip_rows(shared)
+    for clip in clips:
         title, s, e = short_title(clip["title"]), clip["start"], clip["end"]
         note = clip["text"].split(" Dialogue: ")[0].strip()
         base = {"video_id": clip["video_id"], "evidence_span_s": [s, e], "evidence_type": "visual",
@@ -56,7 +113,7 @@ def clip_questions(shared: Path) -> list[dict]:
                          "question": f"In {short_title(video['source_title'])}, what is said at about {round(s)} seconds?",
                          "answer": text, "evidence_span_s": [s, e], "evidence_type": "subtitle",
                          "annotation": "templated from the video's subtitles (scripts/make_clip_questions.py)"})  # fmt: skip
-    return rows
+    return rows + natural_questions(clips)
 
 
 def main() -> None:

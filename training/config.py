@@ -97,6 +97,14 @@ class StepDataArgs:
     init_adapter: str | None = field(
         default=None, metadata={"help": "A peft adapter folder to start from and train further (e.g. SFT -> GRPO)."}
     )
+    kb_list_share: float = field(
+        default=0.0,
+        metadata={
+            "help": "Share of plan records re-rendered with a shuffled subset of their KB list, gold KB kept "
+            "(training/kb_lists.py), so routing reads the list instead of memorising one layout."
+        },
+    )
+    kb_list_min: int = field(default=2, metadata={"help": "Fewest KBs a re-rendered list keeps."})
 
     def _check_data_args(self) -> None:
         max_steps = getattr(self, "max_steps", -1)
@@ -122,6 +130,10 @@ class StepDataArgs:
             raise ValueError(
                 f"`grammar_tokens` needs exactly the keys plan, answer, final; got {sorted(self.grammar_tokens)}"
             )
+        if isinstance(self.kb_list_share, bool) or not 0.0 <= self.kb_list_share <= 1.0:
+            raise ValueError(f"`kb_list_share` must be a share in [0, 1], got {self.kb_list_share!r}; e.g. 0.6")
+        if isinstance(self.kb_list_min, bool) or self.kb_list_min < 1:
+            raise ValueError(f"`kb_list_min` must be >= 1, got {self.kb_list_min!r}")
         if self.init_adapter is not None:
             if self.lora is not None:
                 raise ValueError("`init_adapter` trains an existing adapter further; drop `lora` (its rank is fixed)")

@@ -10,6 +10,7 @@ import logging
 from pathlib import Path
 
 from training.config import StepDataArgs, StepGRPOConfig, StepSFTConfig
+from training.kb_lists import vary_kb_lists
 from training.rewards import PLAN, RewardFunc, build_reward
 from training.step_data import StepRecord, load_step_records, resolve_images
 from training.step_dataset import build_step_dataset
@@ -40,6 +41,8 @@ def load_records(cfg: StepDataArgs, path: str) -> list[StepRecord]:
     if cfg.max_train_samples is not None:
         kept = [r for r in records if not cfg.step_types or r.step_type in cfg.step_types]
         records = kept[: cfg.max_train_samples]
+    if cfg.kb_list_share:
+        records = vary_kb_lists(records, cfg.kb_list_share, cfg.kb_list_min, seed=cfg.sample_seed or 0)
     return records
 
 

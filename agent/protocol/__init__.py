@@ -19,9 +19,11 @@ from agent.protocol.prompts import (
     final_messages,
     history_lines,
     kb_list,
+    plan_kb_list,
     plan_messages,
     render_hits,
     with_format_reminder,
+    with_kb_list,
 )
 from agent.protocol.tags import (
     ANSWER,
@@ -44,6 +46,6 @@ __all__ = [
     "ANSWER", "DEFAULT_PROMPT", "FINAL_SYSTEM", "FORMAT_ERRORS", "NONE_WORDS", "PLAN_SYSTEM", "RET", "STOP_PLAN",
     "SUB_QUESTION", "THINK", "AnswerParse", "PlanParse", "PromptSettings", "StepGrammar", "answer_grammar",
     "answer_messages", "check_display_name", "fit_answer", "fit_plan", "final_messages", "format_answer", "format_plan", "history_lines",
-    "is_none", "kb_list", "normalize_kb", "parse_answer", "parse_plan", "plan_grammar", "plan_messages",
-    "render_hits", "with_format_reminder",
+    "is_none", "kb_list", "normalize_kb", "parse_answer", "parse_plan", "plan_grammar", "plan_kb_list",
+    "plan_messages", "render_hits", "with_format_reminder", "with_kb_list",
 ]  # fmt: skip

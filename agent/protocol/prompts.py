@@ -72,6 +72,32 @@ def kb_list(kbs: Sequence[tuple[str, str]]) -> str:
     return "\n".join(f"- {name}: {desc}" if desc else f"- {name}" for name, desc in kbs)
 
 
+_KB_LIST_HEAD, _KB_LIST_TAIL = PLAN_SYSTEM.split("{kb_list}")
+
+
+def plan_kb_list(messages: Sequence[Message]) -> list[tuple[str, str]]:
+    """The `(display_name, description)` pairs a plan prompt (from `plan_messages`) lists: the inverse of `kb_list`."""
+    system = messages[0]["content"] if messages and messages[0]["role"] == "system" else ""
+    if not (system.startswith(_KB_LIST_HEAD) and system.endswith(_KB_LIST_TAIL)):
+        raise ValueError("not a plan prompt written by agent.protocol.plan_messages (its system message differs)")
+    pairs = []
+    for line in system[len(_KB_LIST_HEAD) : len(system) - len(_KB_LIST_TAIL)].splitlines():
+        name, _, desc = line.removeprefix("- ").partition(": ")
+        pairs.append((name, desc))
+    return pairs
+
+
+def with_kb_list(messages: Sequence[Message], kbs: Sequence[tuple[str, str]]) -> list[Message]:
+    """The same plan prompt listing other KBs (training re-renders it with shuffled and subsetted lists).
+
+    Only plain prompts: a few-shot prompt's worked example names a KB of the old list.
+    """
+    plan_kb_list(messages)  # raises on anything else
+    if len(messages) != 2:
+        raise ValueError("with_kb_list re-renders plain plan prompts (system + user), not few-shot ones")
+    return [{"role": "system", "content": PLAN_SYSTEM.format(kb_list=kb_list(kbs))}, messages[1]]
+
+
 def history_lines(history: Sequence[tuple[str, str]]) -> str:
     return "".join(f"Sub-question {i}: {q}\nAnswer {i}: {a}\n" for i, (q, a) in enumerate(history, 1))
 

@@ -74,6 +74,8 @@ def test_paper_defaults_and_overrides():
         (["--rewards", "[{name: answer, weight: 0}]"], ValueError, "every reward `weight` is 0"),
         (["--max_steps", "-5"], ValueError, r"`max_steps` must be -1 .* or > 0, got -5"),
         (["--max_steps", "0"], ValueError, r"`max_steps` must be -1"),
+        (["--kb_list_share", "1.5"], ValueError, r"`kb_list_share` must be a share in \[0, 1\], got 1.5"),
+        (["--kb_list_min", "0"], ValueError, r"`kb_list_min` must be >= 1"),
     ],
 )
 def test_bad_recipes_fail_at_parse_time(overrides, error, match):
