@@ -223,8 +223,11 @@ def no_model(monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("a model was loaded before the input was checked")
 
+    import training.online_grpo
+
     monkeypatch.setattr(training.trainers, "load_policy", refuse)
     monkeypatch.setattr(training.trainers, "load_processing_class", refuse)
+    monkeypatch.setattr(training.online_grpo, "online_rewards", refuse)  # the reward embedder is a model too
 
 
 def test_group_size_below_two_is_refused(tmp_path):
@@ -288,3 +291,57 @@ def test_rows_put_gold_steps_by_position_and_discount_the_outcome():
     assert (rows[4]["gold_sub_question"], rows[4]["gold_kb"], rows[4]["has_gold"]) == (None, None, True)  # gold stop
     assert rows[6]["gold_answers"] == ["A"]
     assert [r["outcome_return"] for r in rows[:2]] == [0.125, 0.0]
+
+
+def test_step_tree_follows_the_agent_loop_and_bounds_the_look_ahead(tmp_path):
+    """Tree logic over the real demo KB with scripted step outputs (the policy's part is the scenario above)."""
+    from agent.kbs import load_knowledge_bases
+    from training.rollouts import Generated, OnlineQuestion, OnlineSettings, RetrievalFailed, StepTreeRollout
+
+    kbs = load_knowledge_bases(str(_kb_yaml(tmp_path / "kb.yaml", tmp_path / "idx")))
+    plan = "<think>t</think><sub-question>Which series has companion books?</sub-question><ret>Text Retriever</ret>"
+    reply = {"plan": plan, "answer": "<think>t</think><answer>Animorphs</answer>",
+             "final": "<think>t</think><answer>Animorphs</answer>"}  # fmt: skip
+    calls = []
+
+    def generate(prompts, n):
+        calls.append((len(prompts), n))
+        firsts = [p[0]["content"] for p in prompts]  # the system prompt tells the step type
+        kinds = ["final" if c.startswith("You give the final") else "plan" if c.startswith("You answer questions")
+                 else "answer" for c in firsts]  # fmt: skip
+        return [Generated([1], [2], reply[k]) for k in kinds for _ in range(n)]
+
+    q = OnlineQuestion("demo-0", GOLD_QUESTION["question"], ("Animorphs",))
+    tree = StepTreeRollout(generate, kbs, OnlineSettings(kb="x", max_steps=2, discount=0.5)).build([q], 2)
+    assert [a.phase for a in tree.anchors] == ["plan", "answer", "plan", "answer", "final"]
+    assert tree.anchors[1].hits and tree.anchors[1].kb == "Text Retriever"
+    first = tree.siblings[0][0]  # plan 0 -> answer, plan, answer, final after it
+    assert (first.steps_after, first.outcome) == (4, 1.0)
+    assert [sb.steps_after for group in tree.siblings for sb in group] == [4, 4, 3, 3, 2, 2, 1, 1, 0, 0]
+    assert len(calls) == 5 + 1 + 5  # spine levels, the branch level, continuation levels: a fixed count
+    bounded = StepTreeRollout(generate, kbs, OnlineSettings(kb="x", max_steps=2, lookahead=0)).build([q], 2)
+    assert [sb.steps_after for group in bounded.siblings for sb in group] == [2, 2, 1, 1, 2, 2, 1, 1, 0, 0]
+
+    class Down:
+        def search(self, queries, k):
+            raise ConnectionError("retrieval service at http://127.0.0.1:1 did not answer after 2 attempts")
+
+    from dataclasses import replace
+
+    broken = {name: replace(kb, retriever=Down()) for name, kb in kbs.items()}
+    with pytest.raises(RetrievalFailed, match="search on KB 'text' failed during a rollout: retrieval service"):
+        StepTreeRollout(generate, broken, OnlineSettings(kb="x", max_steps=1)).build([q], 2)
+
+
+def test_persistent_zero_std_groups_and_tag_violations_warn(caplog):
+    from training.online_grpo import OnlineRun
+    from training.rollouts import OnlineSettings
+
+    run = OnlineRun(OnlineSettings(kb="x", collapse_window=3), {}, [], [])
+    for step, (zero, bad) in enumerate([(1.0, 0.9), (0.95, 0.2), (1.0, 0.8)]):
+        run._watch(zero, bad, step)
+    assert "zero reward std for 3 steps" in caplog.text
+    assert "tag-violation" not in caplog.text  # one step under the threshold breaks the streak
+    for step in range(3):
+        run._watch(0.0, 0.9, 10 + step)
+    assert "tag-violation rate >= 50% for 3 steps" in caplog.text
