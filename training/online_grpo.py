@@ -441,7 +441,12 @@ def timing_callback(trainer):
             wall = time.perf_counter() - self.t0
             rollout = sum(online.rollout_s[self.n_rollouts :])
             trainer._metrics["train"]["online/train_s"].append(wall - rollout)
-            logger.info("online step %d: rollout %.1f s, train %.1f s", state.global_step, rollout, wall - rollout)
+            tree = online.last_tree
+            rows = sum(len(g) for g in tree.siblings) if tree else 0
+            trajectories = rows + (len(tree.questions) if tree else 0)  # every sibling is run to its end, + spines
+            logger.info("online step %d, process %d: rollout %.1f s, train %.1f s; %d sibling rows, %d trajectories, "
+                        "%.3f trajectories/s", state.global_step, args.process_index, rollout, wall - rollout, rows,
+                        trajectories, trajectories / max(wall, 1e-9))  # fmt: skip
 
     return OnlineTiming()
 
