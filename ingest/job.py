@@ -33,6 +33,7 @@ STATE_FILE = "ingest.json"
 PARSED_DIR = "parsed"
 FIGURES_DIR = "figures"
 STATE_VERSION = 1
+PARSER_VERSION = 2  # raise when a parser's output changes: every file is then re-parsed once
 
 
 @dataclass(frozen=True)
@@ -229,7 +230,8 @@ def run_ingest(
     check_settings(state, settings, force, corpus_dir)
     files = walk(paths, settings.exclude, skip_dir=corpus_dir)
     corpus_dir.mkdir(parents=True, exist_ok=True)
-    known = {} if state is None or force else state.get("files", {})
+    fresh = state is None or force or state.get("parser_version") != PARSER_VERSION
+    known = {} if fresh else state.get("files", {})
     outcomes: list[FileOutcome] = []
     entries: dict[str, dict] = {}
     names = {name for _, name in files}
@@ -259,10 +261,13 @@ def run_ingest(
         outcomes.append(outcome)
         if on_file is not None:
             on_file(outcome)
-    removed = sorted(set(known) - names) if state is not None and not force else []
+    removed = sorted(set((state or {}).get("files", {})) - names) if state is not None and not force else []
     stale = set((state or {}).get("files", {})) - names
     for name in stale:
         (corpus_dir / PARSED_DIR / f"{file_key(name)}.json").unlink(missing_ok=True)
         shutil.rmtree(corpus_dir / FIGURES_DIR / file_key(name), ignore_errors=True)
-    _write_json(corpus_dir / STATE_FILE, {"version": STATE_VERSION, "settings": settings.to_dict(), "files": entries})
+    _write_json(
+        corpus_dir / STATE_FILE,
+        {"version": STATE_VERSION, "parser_version": PARSER_VERSION, "settings": settings.to_dict(), "files": entries},
+    )
     return outcomes, removed

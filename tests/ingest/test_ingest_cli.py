@@ -187,3 +187,13 @@ def test_video_with_subtitles_becomes_clip_and_video_kbs(tmp_path):
     ((hit,),) = load_kb(configs["video"]).search(["Popeye sailor"], 1)
     assert hit.doc.metadata["provenance"] == {"file": "popeye_sinbad_p1.mkv"}
     assert render_hits([hit]).endswith("[source: popeye_sinbad_p1.mkv]")
+
+
+def test_a_new_parser_version_reparses_everything(folder, tmp_path):
+    _run(folder, tmp_path)
+    state_file = tmp_path / "c" / "ingest.json"
+    state = json.loads(state_file.read_text())
+    state["parser_version"] -= 1  # as left by an older kbrouter
+    state_file.write_text(json.dumps(state))
+    assert _run(folder, tmp_path)["parsed"] == 4
+    assert _run(folder, tmp_path)["parsed"] == 0
