@@ -144,7 +144,8 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="online_vs_offline_"))
     start = ["--init_adapter", str(REPO / args.sft)]
     figs = {
-        "offline": run_training("offline", [*start, "--train_file", str(synth / "steps_train.jsonl")],
+        "offline": run_training("offline", [*start, "--train_file", str(synth / "steps_train.jsonl"),
+                                            "--per_device_train_batch_size", "8"],  # 2 prompts x G 4: fits in memory
                                 args.budget_s, tmp / "offline"),
         "online": run_training("online", [*start, "--train_file", str(training_questions(synth, tmp))],
                                args.budget_s, tmp / "online"),
