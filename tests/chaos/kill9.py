@@ -294,8 +294,11 @@ def eval_job(base_url: str, limit: int = 20) -> Job:
 
     def records(folder: Path) -> list[tuple[str, object]]:
         key = lambda d: f"{d['dataset']}/{d['method']}/{d['qid']}"  # noqa: E731
+        # a cache record's fingerprint and KB digest name its own folder's config and index build, which differ
+        # between the clean and the killed folder by design; the rest must be equal
         return jsonl_records(folder / "eval" / "predictions.jsonl", key) + [
-            (f"cache/{k}", d) for k, d in jsonl_records(folder / "eval" / "cache.jsonl", key)
+            (f"cache/{k}", {**d, "fingerprint": "", "inputs": {**d["inputs"], "kbs": ""}})
+            for k, d in jsonl_records(folder / "eval" / "cache.jsonl", key)
         ]
 
     return Job("eval", lambda f: ["eval", "--config", str(f / "eval.yaml")], records, prepare,
