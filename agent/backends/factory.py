@@ -20,6 +20,20 @@ class PolicyConfig:
     dtype: str = "float32"
     device: str | None = None
     max_batch_size: int = 16
+    prefix_cache_mb: int = field(
+        default=0,
+        metadata={
+            "help": "transformers / vl backends: MB of KV cache kept for the prompt prefix a batch shares (system "
+            "prompt, KB list, few-shot turns), computed once and reused across rows, steps and batches; 0 = off"
+        },
+    )
+    continuous_batching: bool = field(
+        default=False,
+        metadata={
+            "help": "transformers backend: unconstrained steps go through transformers' continuous batching "
+            "(generate_batch, paged attention); constrained steps keep generate"
+        },
+    )
     base_url: str | None = field(default=None, metadata={"help": "openai backend: e.g. http://127.0.0.1:8000/v1"})
     api_key: str | None = None
     grammar_field: str = field(
@@ -41,6 +55,8 @@ class PolicyConfig:
         for key in ("max_batch_size", "concurrency", "tensor_parallel_size", "max_model_len"):
             if getattr(self, key) < 1:
                 raise ValueError(f"policy.{key} must be >= 1, got {getattr(self, key)}")
+        if self.prefix_cache_mb < 0:
+            raise ValueError(f"policy.prefix_cache_mb must be >= 0 (0 = off), got {self.prefix_cache_mb}")
         if self.max_images < 0 or not 0 < self.min_pixels <= self.max_pixels:
             raise ValueError(
                 f"need policy.max_images >= 0 and 0 < policy.min_pixels <= policy.max_pixels; got {self.max_images}, "
@@ -84,6 +100,8 @@ def make_policy(cfg: PolicyConfig) -> Policy:
             device=cfg.device,
             max_batch_size=cfg.max_batch_size,
             adapter=cfg.adapter,
+            prefix_cache_mb=cfg.prefix_cache_mb,
+            continuous_batching=cfg.continuous_batching,
         )
     if cfg.backend == "vl":
         from agent.backends.hf_vl import VisionLanguagePolicy
@@ -96,6 +114,7 @@ def make_policy(cfg: PolicyConfig) -> Policy:
             max_images=cfg.max_images,
             min_pixels=cfg.min_pixels,
             max_pixels=cfg.max_pixels,
+            prefix_cache_mb=cfg.prefix_cache_mb,
         )
     if cfg.backend == "openai":
         from agent.backends.openai_compat import OpenAICompatiblePolicy

@@ -5,11 +5,14 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from agent.backends.base import Completion, Message, SamplingParams, text_only
-from agent.backends.models import apply_adapter, resolve_model, resolve_policy_model
+from agent.backends.base import BackendError, Completion, Message, SamplingParams, text_only
+from agent.backends.models import load_merged, resolve_model, resolve_policy_model
+from agent.backends.prefix_cache import PrefixCache, batch_prefix_length, expanded, prefixed_batch
 from retrievers.batching import abandoned_items
 
 logger = logging.getLogger(__name__)
+
+CONTINUOUS_BATCH_TOKENS = 2048  # tokens per continuous-batching forward (prefill chunks plus one per decoding row)
 
 
 def truncate_at_stop(text: str, stop: tuple[str, ...]) -> str:
@@ -34,6 +37,13 @@ class TransformersPolicy:
         max_batch_size: conversations per `generate` call; larger batches are split.
         adapter: a peft (LoRA) adapter folder to load onto the model and merge; `model: smollm2-kbrouter` brings
             the shipped router adapter by itself.
+        prefix_cache_mb: keep the KV cache of the prompt prefix a batch shares (system prompt, KB list, few-shot
+            turns) up to this many MB and reuse it across rows, steps and batches (`agent.backends.prefix_cache`);
+            0 turns it off.
+        continuous_batching: run unconstrained steps through transformers' continuous batching (`generate_batch`,
+            paged attention: a finished row frees its slot at once). It has no grammar support, so constrained
+            steps keep `generate`; stop strings are applied after generation (the text is the same, the tokens
+            after the stop are spent).
     """
 
     supports_grammar = True  # `SamplingParams.grammar` through xgrammar's logits processor
@@ -46,6 +56,8 @@ class TransformersPolicy:
         device: str | None = None,
         max_batch_size: int = 16,
         adapter: str | None = None,
+        prefix_cache_mb: int = 0,
+        continuous_batching: bool = False,
     ) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -67,12 +79,17 @@ class TransformersPolicy:
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         torch_dtype = dtype if dtype == "auto" else getattr(torch, dtype)
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, **kwargs)
         if adapter:
-            self.model = apply_adapter(self.model, adapter, path)
+            self.model = load_merged(path, adapter, torch_dtype, kwargs)
+        else:
+            self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, **kwargs)
         self.model = self.model.to(self.device)
         self.model.eval()
         self.max_batch_size = max_batch_size
+        if prefix_cache_mb < 0:
+            raise ValueError(f"prefix_cache_mb must be >= 0 (0 = off), got {prefix_cache_mb}")
+        self.prefix_cache = PrefixCache(prefix_cache_mb * 2**20) if prefix_cache_mb else None
+        self.continuous_batching = continuous_batching
 
     def render(self, conversation: list[Message]) -> str:
         """The prompt string the model sees for one conversation."""
@@ -109,6 +126,10 @@ class TransformersPolicy:
                     )
         # Sorting by length keeps padding small inside each chunk; results go back in input order.
         order = sorted((i for i in range(len(prompts)) if out[i] is None), key=lambda i: len(prompts[i]))
+        if self.continuous_batching and not params.grammar and order:
+            for i, c in zip(order, self._generate_continuous([prompts[i] for i in order], params), strict=True):
+                out[i] = c
+            return out  # type: ignore[return-value]
         for start in range(0, len(order), self.max_batch_size):
             idx = order[start : start + self.max_batch_size]
             for i, c in zip(idx, self._generate_chunk([prompts[i] for i in idx], params, idx), strict=True):
@@ -118,8 +139,64 @@ class TransformersPolicy:
     def _generate_chunk(self, prompts: list[str], params: SamplingParams, rows: list[int]) -> list[Completion]:
         if all_abandoned(rows):
             return [abandoned_completion() for _ in rows]
+        if self.prefix_cache is not None:
+            ids = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
+            shared = batch_prefix_length(ids)
+            if shared >= self.prefix_cache.min_tokens:
+                prefix = self.prefix_cache.get(self.model, ids[0][:shared])
+                input_ids, mask = prefixed_batch(ids, shared, self.tokenizer.pad_token_id, self.device)
+                enc = {"input_ids": input_ids, "attention_mask": mask}
+                cache = expanded(prefix, len(ids))
+                return generate_completions(self.model, self.tokenizer, enc, params, rows, cache=cache)
         enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
         return generate_completions(self.model, self.tokenizer, enc, params, rows)
+
+    def _generate_continuous(self, prompts: list[str], params: SamplingParams) -> list[Completion]:
+        """All prompts through `generate_batch`: the scheduler refills a finished row's slot with waiting work."""
+        import torch
+        from transformers import ContinuousBatchingConfig, GenerationConfig
+
+        rows = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
+        sample = params.temperature > 0
+        config = GenerationConfig(
+            max_new_tokens=params.max_new_tokens,
+            do_sample=sample,
+            temperature=params.temperature if sample else None,
+            top_p=params.top_p if sample else None,
+            top_k=(params.top_k or None) if sample else None,
+            eos_token_id=self.model.generation_config.eos_token_id or self.tokenizer.eos_token_id,
+            pad_token_id=self.tokenizer.pad_token_id,
+        )
+        if params.seed is not None:
+            torch.manual_seed(params.seed)
+        # Sized from the work itself: left to infer them, the paged cache takes most of free RAM on CPU (13 GB).
+        page = 64
+        cb_config = ContinuousBatchingConfig(
+            page_size=page,
+            num_blocks=sum(-(-(len(r) + params.max_new_tokens) // page) for r in rows) + len(rows),
+            max_batch_tokens=CONTINUOUS_BATCH_TOKENS,
+        )
+        results = self.model.generate_batch(
+            rows, generation_config=config, continuous_batching_config=cb_config, warmup=False
+        )
+        results = list(results.values())
+        if len(results) != len(rows) or any(r.error is not None for r in results):
+            errors = [str(r.error) for r in results if r.error is not None]
+            raise BackendError(
+                f"continuous batching returned {len(results)} of {len(rows)} completions; errors: {errors[:3]} "
+                "(set policy.continuous_batching: false to use generate)"
+            )
+        completions = []
+        for row, r in zip(rows, results, strict=True):
+            tokens = list(r.generated_tokens)
+            text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+            completions.append(Completion(
+                text=truncate_at_stop(text, params.stop),
+                prompt_tokens=len(row),
+                completion_tokens=len(tokens),
+                finish_reason="length" if len(tokens) >= params.max_new_tokens else "stop",
+            ))  # fmt: skip
+        return completions
 
 
 def abandoned_completion(completion_tokens: int = 0) -> Completion:
@@ -156,8 +233,12 @@ def generate_completions(
     enc,  # noqa: ANN001
     params: SamplingParams,
     rows: list[int] | None = None,
+    cache=None,  # noqa: ANN001 - a transformers Cache holding a shared prefix
 ) -> list[Completion]:
     """`model.generate` on an encoded, left-padded batch, decoded into completions; shared by the text and VL backends.
+
+    `cache`, when given, holds the keys and values of the first tokens of every row (a shared prefix laid out
+    `[prefix][padding][suffix]`, see `agent.backends.prefix_cache`); `generate` then runs only the tokens after it.
 
     `rows` are the batch's positions in the running batcher call: a row whose client leaves stops generating and
     comes back as `abandoned_completion()`."""
@@ -187,6 +268,8 @@ def generate_completions(
         gen_kwargs["stopping_criteria"] = StoppingCriteriaList(criteria)
     if params.seed is not None:
         torch.manual_seed(params.seed)
+    if cache is not None:
+        gen_kwargs["cache"] = cache
     with torch.inference_mode():
         output = model.generate(**enc, **gen_kwargs)
     new = output[:, enc["input_ids"].shape[1] :]

@@ -28,6 +28,7 @@ from pathlib import Path
 from agent.backends.base import Completion, Message, SamplingParams
 from agent.backends.hf import abandoned_completion, all_abandoned, generate_completions
 from agent.backends.models import resolve_model
+from agent.backends.prefix_cache import PrefixCache, batch_prefix_length, expanded, prefixed_layout
 from retrievers.media import MediaError, fit_pixels, load_image
 from retrievers.types import Hit
 
@@ -137,6 +138,8 @@ class VisionLanguagePolicy:
         max_images: images per conversation (question image first, then evidence).
         min_pixels: lower bound on width * height of every image.
         max_pixels: upper bound on width * height of every image.
+        prefix_cache_mb: keep the KV cache of the text prefix a batch shares (system prompt, few-shot turns; never
+            past the first image) up to this many MB and reuse it (`agent.backends.prefix_cache`); 0 turns it off.
     """
 
     supports_grammar = True  # shares the text backend's xgrammar path (`generate_completions`)
@@ -150,6 +153,7 @@ class VisionLanguagePolicy:
         max_images: int = 4,
         min_pixels: int = DEFAULT_MIN_PIXELS,
         max_pixels: int = DEFAULT_MAX_PIXELS,
+        prefix_cache_mb: int = 0,
     ) -> None:
         import torch
         from transformers import AutoModelForImageTextToText, AutoProcessor
@@ -178,6 +182,14 @@ class VisionLanguagePolicy:
         self.max_images = max_images
         self.min_pixels = min_pixels
         self.max_pixels = max_pixels
+        if prefix_cache_mb < 0:
+            raise ValueError(f"prefix_cache_mb must be >= 0 (0 = off), got {prefix_cache_mb}")
+        if prefix_cache_mb and "vision_start_token_id" not in self.model.config.to_dict():
+            raise ValueError(
+                f"policy.prefix_cache_mb: prefix reuse in the vl backend knows Qwen2-VL / Qwen2.5-VL models (their "
+                f"vision tokens and rope offsets), not {type(self.model).__name__}; set policy.prefix_cache_mb: 0"
+            )
+        self.prefix_cache = PrefixCache(prefix_cache_mb * 2**20) if prefix_cache_mb else None
 
     def render(self, conversation: list[Message]) -> tuple[str, list[str], int]:
         """The prompt string for one conversation, the image paths it uses (in order), and how many were dropped."""
@@ -218,4 +230,32 @@ class VisionLanguagePolicy:
         enc = self.processor(
             text=texts, images=images or None, padding=True, return_tensors="pt", add_special_tokens=False
         ).to(self.device)
+        if self.prefix_cache is not None:
+            return self._generate_with_prefix(enc, params, rows)
         return generate_completions(self.model, self.tokenizer, enc, params, rows)
+
+    def _generate_with_prefix(self, enc, params: SamplingParams, rows: list[int]) -> list[Completion]:  # noqa: ANN001
+        """Reuse the cache of the text every row starts with, cut before the first image or video token (pixels
+        differ between rows even where their placeholder tokens agree)."""
+        real = enc["attention_mask"].bool()
+        ids = [row[m].tolist() for row, m in zip(enc["input_ids"], real, strict=True)]
+        vision = {self.model.config.vision_start_token_id, self.model.config.image_token_id}
+        first_vision = min((j for r in ids for j, t in enumerate(r) if t in vision), default=len(ids[0]))
+        shared = min(batch_prefix_length(ids), first_vision)
+        if shared < self.prefix_cache.min_tokens:
+            return generate_completions(self.model, self.tokenizer, enc, params, rows)
+        # Qwen2.5-VL keeps the last call's rope offsets on the model and reuses them whenever a cache is non-empty;
+        # cleared, they are computed afresh from this batch's own images.
+        self.model.model.rope_deltas = None
+        prefix = self.prefix_cache.get(self.model, ids[0][:shared])
+        self.model.model.rope_deltas = None
+        shape = enc["input_ids"].shape
+        new = {
+            k: prefixed_layout(
+                v, enc["attention_mask"], shared, self.tokenizer.pad_token_id if k == "input_ids" else 0
+            )
+            if v.shape == shape  # one entry per token (ids, mask, mm_token_type_ids): laid out like the ids
+            else v
+            for k, v in enc.items()
+        }
+        return generate_completions(self.model, self.tokenizer, new, params, rows, cache=expanded(prefix, len(ids)))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import logging
 import os
@@ -175,3 +176,38 @@ def apply_adapter(model, adapter: str, base_path: str):  # noqa: ANN001, ANN201 
         return PeftModel.from_pretrained(model, adapter).merge_and_unload()
     except Exception as e:  # shape mismatches and missing weight files name the adapter, not a peft internal
         raise ValueError(f"adapter {adapter!r} does not load onto {Path(base_path).name!r}: {e}") from e
+
+
+def merged_model_dir(base_path: str, adapter: str | Path, dtype: str) -> Path:
+    """Where the merge of `adapter` onto `base_path` in `dtype` is kept, keyed by the adapter's bytes and the base
+    model's files (a retrained adapter or a re-converted base gets a new folder)."""
+    h = hashlib.sha256(f"{Path(base_path).resolve()}|{dtype}".encode())
+    for f in sorted(Path(adapter).glob("adapter_*")):
+        h.update(f.name.encode() + f.read_bytes())
+    for f in sorted(Path(base_path).glob("*.safetensors")) if Path(base_path).is_dir() else []:
+        st = f.stat()
+        h.update(f"{f.name}|{st.st_size}|{st.st_mtime_ns}".encode())
+    return cache_dir() / "merged" / f"{Path(adapter).name}-{h.hexdigest()[:16]}"
+
+
+def load_merged(base_path: str, adapter: str, dtype, kwargs: dict):  # noqa: ANN001, ANN201 - torch dtype, model
+    """The base causal LM with `adapter` merged in: built once (peft, merge, save), then reloaded from the cache.
+
+    A reload skips importing peft and merging (seconds off every `kbrouter ask`); the weights saved are the merged
+    ones in `dtype`, so the reloaded model computes exactly what a fresh merge does.
+    """
+    from transformers import AutoModelForCausalLM
+
+    folder = merged_model_dir(base_path, adapter, str(dtype))
+    if (folder / "config.json").is_file():
+        return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+    model = apply_adapter(AutoModelForCausalLM.from_pretrained(base_path, dtype=dtype, **kwargs), adapter, base_path)
+    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        model.save_pretrained(tmp)
+        tmp.rename(folder)  # atomic: a half-written folder is never taken for a finished merge
+    except OSError as e:  # a read-only or full cache costs the next load a merge, not this one its model
+        logger.warning("could not keep the merged adapter in %s: %s", folder, e)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return model
