@@ -176,7 +176,7 @@ def kb_yaml(name: str, corpus_dir: Path, yaml_path: Path, counts: dict[str, int]
             entry["options"] = {
                 "clip_model": options.get("clip_model", "kbrouter-tiny-clip"),
                 "clip_pretrained": options.get("clip_pretrained"),
-                "visual_weight": options.get("visual_weight", 0.2),
+                "visual_weight": options.get("visual_weight", 0.0),
             }
         kbs.append(entry)
     head = (  # line 1 is the command that uses the file, as in every configs/kb YAML
@@ -184,7 +184,7 @@ def kb_yaml(name: str, corpus_dir: Path, yaml_path: Path, counts: dict[str, int]
         f"{YAML_MARK} from {rel}/: rerun the same `kbrouter ingest` to update it (edits here are overwritten).\n"
         f"# Override: kbrouter index --kb {yaml_path.as_posix()} --only table --force\n"
         "# CLIP is `kbrouter-tiny-clip` with random weights unless --clip-model/--clip-pretrained name real ones, so\n"
-        "# figures rank by their captions (visual_weight 0.2); with e.g. ViT-L-14/openai set visual_weight: 0.8.\n"
+        "# random pixels would only add noise: figures rank by their captions alone (visual_weight 0; 0.8 with weights).\n"
     )
     return head + yaml.safe_dump({"knowledge_bases": kbs}, sort_keys=False, allow_unicode=True, width=119)
 
