@@ -8,8 +8,8 @@ outputs are read back as keyed records and compared with the reference: records 
 The model-path jobs (`run`, `synth`, `eval`) talk to a `kbrouter serve` endpoint in this process over a
 deterministic fake step policy (`tests/agent/fakes.py` StepPolicy, a delay per call so kills land mid-batch): the
 job's resume machinery is under test, and greedy real-model outputs are not guaranteed bitwise equal across batch
-compositions. `index` builds the real demo text KB (MiniLM + FAISS + BM25) and `train` runs real SFT steps of
-SmolLM2-135M-Instruct with LoRA, resumed by `--resume_from_checkpoint true`.
+compositions. `index` builds two real BM25 KBs (5,812 shared paragraphs, the 300 demo passages) and `train` runs
+real SFT steps of SmolLM2-135M-Instruct with LoRA, resumed by `--resume_from_checkpoint true`.
 """
 
 from __future__ import annotations
@@ -204,10 +204,12 @@ def write_bm25_kb(folder: Path) -> Path:
 
 def index_job() -> Job:
     def prepare(folder: Path) -> None:
+        # two BM25 KBs over real paragraphs (5,812 shared HotpotQA/MuSiQue contexts, 300 demo passages): a dense
+        # MiniLM build takes a quarter of an hour on a busy 2-core machine at nice 19, too long to kill repeatedly
         (folder / "kb.yaml").write_text(
             "knowledge_bases:\n"
             "  - name: text\n    display_name: Text Retriever\n    kind: text\n    granularity: paragraph\n"
-            f"    corpus: {DEMO / 'passages.jsonl'}\n    encoder: minilm\n    search: hybrid\n    index: flat\n"
+            f"    corpus: {SHARED_QUESTIONS.parent / 'corpus.jsonl'}\n    search: bm25\n    chunk_words: 100\n"
             f"    index_dir: {folder / 'index'}\n    k: 5\n"
             "  - name: words\n    display_name: Word Retriever\n    kind: text\n    granularity: paragraph\n"
             f"    corpus: {DEMO / 'passages.jsonl'}\n    search: bm25\n    index_dir: {folder / 'index_bm25'}\n"

@@ -2,8 +2,8 @@
 record lost, duplicated or different (`tests/chaos/kill9.py`; figures over more kills: benchmarks/chaos_kill9.py).
 
 Each job starts `kbrouter` processes several times (a clean run, the killed ones, the finishing one): a minute or
-more each on idle cores, several on a busy machine, so all are in the `slow` tier (`-m slow`). `index` builds real
-MiniLM + BM25 indexes; `train` runs real LoRA SFT steps of SmolLM2, resumed with `--resume_from_checkpoint true`."""
+more each on idle cores, several on a busy machine, so all are in the `slow` tier (`-m slow`). `index` builds two real
+BM25 indexes; `train` runs real LoRA SFT steps of SmolLM2, resumed with `--resume_from_checkpoint true`."""
 
 from __future__ import annotations
 
