@@ -207,6 +207,9 @@ def load_merged(base_path: str, adapter: str, dtype, kwargs: dict):  # noqa: ANN
     try:
         model.save_pretrained(tmp)
         tmp.rename(folder)  # atomic: a half-written folder is never taken for a finished merge
+        for old in folder.parent.glob(f"{Path(adapter).name}-*"):  # one kept merge per adapter name (~0.5 GB each)
+            if old != folder and ".tmp" not in old.name:
+                shutil.rmtree(old, ignore_errors=True)
     except OSError as e:  # a read-only or full cache costs the next load a merge, not this one its model
         logger.warning("could not keep the merged adapter in %s: %s", folder, e)
         shutil.rmtree(tmp, ignore_errors=True)
