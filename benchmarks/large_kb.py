@@ -279,8 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     kinds = ("flat", "ivfpq") + (() if args.skip_hnsw else ("hnsw",))
     big = [spawn(kind, args.n, args) for kind in kinds] if args.n else []
     big, small = [r for r in big if r], [r for r in small if r]
-    print(f"\n== {args.n:,} vectors ==")
-    table(big)
+    if big:
+        print(f"\n== {args.n:,} vectors ==")
+        table(big)
     if small:
         print(f"\n== {args.db_n:,} vectors: the Milvus backend (embedded Milvus Lite) beside FAISS ==")
         table(small)

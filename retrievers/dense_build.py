@@ -10,6 +10,8 @@ uninterrupted one. The `.partial` folder is removed once the index is complete.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import logging
@@ -45,6 +47,19 @@ def partial_dir(cfg: KBConfig) -> Path:
     """Where an unfinished build of `cfg` keeps its encoded chunks (beside the index folder, never inside it)."""
     index_dir = Path(cfg.index_dir)
     return index_dir.with_name(f"{index_dir.name}.partial")
+
+
+@contextlib.contextmanager
+def build_lock(work: Path) -> Iterator[None]:
+    """Hold `<work>.lock` while a build uses `work`: a second build of the same KB waits instead of sharing it."""
+    work.parent.mkdir(parents=True, exist_ok=True)
+    with work.with_name(work.name + ".lock").open("w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            logger.warning("another process is building %s; waiting for it", work)
+            fcntl.flock(f, fcntl.LOCK_EX)
+        yield
 
 
 def vectors_key(cfg: KBConfig, texts: list[str]) -> str:

@@ -29,6 +29,7 @@ from retrievers.dense import dense_search, load_faiss_index
 from retrievers.dense_build import (
     SHARDS_DIR,
     build_faiss_dense,
+    build_lock,
     encode_in_chunks,
     index_spec,
     partial_dir,
@@ -94,26 +95,30 @@ def write_index(
             f.write(json.dumps(doc.to_dict(), ensure_ascii=False) + "\n")
     tmp.replace(out_dir / DOCS_FILE)
     dim = 0
-    work = None
     if cfg.search in ("dense", "hybrid"):
-        encoder = encoder_for(cfg)
-        work = partial_dir(cfg)
-        with contextlib.ExitStack() as stack:
-            encode = lazy_pool(stack, encoder, cfg)
-            files = encode_in_chunks(
-                embed_texts, encode, work, vectors_key(cfg, embed_texts), cfg.build_chunk, progress
-            )
-        pooled = None
-        if groups is not None:  # tables: one vector per table, the mean of its row chunks
-            pooled = pool(np.concatenate([np.load(f) for f in files]), groups, len(docs))
-        build_faiss_dense(cfg, out_dir, files, len(docs), encoder.dim, work, pooled, progress)
-        dim = encoder.dim
+        with build_lock(partial_dir(cfg)):
+            dim = write_dense(cfg, out_dir, len(docs), embed_texts, groups, progress)
     if cfg.search in ("bm25", "hybrid"):
         assert len(bm25_texts) == len(docs)
         build_bm25_index(bm25_texts, out_dir)
-    if work is not None:
-        shutil.rmtree(work, ignore_errors=True)  # the index is complete: the resumable chunks are not needed
     return {"dim": dim, "doc_count": len(docs), "embedded_texts": len(embed_texts)}
+
+
+def write_dense(
+    cfg: KBConfig, out_dir: Path, n_docs: int, embed_texts: list[str], groups: list[int] | None, progress: bool
+) -> int:
+    """Encode in resumable chunks, index them into `out_dir` and drop the chunks; returns the dimension."""
+    encoder = encoder_for(cfg)
+    work = partial_dir(cfg)
+    with contextlib.ExitStack() as stack:
+        encode = lazy_pool(stack, encoder, cfg)
+        files = encode_in_chunks(embed_texts, encode, work, vectors_key(cfg, embed_texts), cfg.build_chunk, progress)
+    pooled = None
+    if groups is not None:  # tables: one vector per table, the mean of its row chunks
+        pooled = pool(np.concatenate([np.load(f) for f in files]), groups, n_docs)
+    build_faiss_dense(cfg, out_dir, files, n_docs, encoder.dim, work, pooled, progress)
+    shutil.rmtree(work, ignore_errors=True)  # the index is complete: the resumable chunks are not needed
+    return encoder.dim
 
 
 def lazy_pool(stack: contextlib.ExitStack, encoder: Encoder, cfg: KBConfig) -> EncodeFn:

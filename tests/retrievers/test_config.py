@@ -81,6 +81,14 @@ def test_default_cache_dir(monkeypatch):
             ValueError,
             ["`display_name` must be a"],
         ),
+        # large-index settings: an unknown refine store, zero shards, a Milvus URI without `index: milvus`
+        ("{name: wiki, kind: text, corpus: corpus.jsonl, refine: pq}", ValueError, ["`refine`", "none, flat, fp16"]),
+        ("{name: wiki, kind: text, corpus: corpus.jsonl, shards: 0}", ValueError, ["`shards` must be a positive"]),
+        (
+            "{name: wiki, kind: text, corpus: corpus.jsonl, uri: 'http://h:19530'}",
+            ValueError,
+            ["`uri`/`collection` are for `index: milvus`", "'flat'"],
+        ),
     ],
 )
 def test_config_errors(tmp_path, entry, error, patterns):
@@ -158,3 +166,20 @@ def test_shipped_configs_parse(name):
     if name == "demo.yaml":  # media KBs may be added beside these two
         declared = {(c.name, c.display_name, c.kind) for c in configs}
         assert {("text", "Text Retriever", "text"), ("table", "Table Retriever", "table")} <= declared
+
+
+def test_milvus_uri_resolves_like_corpus(tmp_path):
+    # a Milvus Lite path is relative to the YAML; a server URI is kept; the default sits beside the index folder
+    path = write_yaml(
+        tmp_path,
+        """
+        knowledge_bases:
+          - {name: a, kind: text, corpus: corpus.jsonl, index: milvus, uri: dbs/a.db}
+          - {name: b, kind: text, corpus: corpus.jsonl, index: milvus, uri: 'http://127.0.0.1:19530', collection: bee}
+          - {name: c, kind: text, corpus: corpus.jsonl, index: milvus, index_dir: idx/c}
+        """,
+    )
+    a, b, c = load_kb_configs(path)
+    assert a.uri == str(tmp_path / "dbs" / "a.db") and a.collection == "a"
+    assert (b.uri, b.collection) == ("http://127.0.0.1:19530", "bee")
+    assert c.uri == str(tmp_path / "idx" / "c.db")
