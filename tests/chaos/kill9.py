@@ -206,13 +206,14 @@ def index_job() -> Job:
     def prepare(folder: Path) -> None:
         # two BM25 KBs over real paragraphs (5,812 shared HotpotQA/MuSiQue contexts, 300 demo passages): a dense
         # MiniLM build takes a quarter of an hour on a busy 2-core machine at nice 19, too long to kill repeatedly
+        # the small one first, so a kill after it (plus jitter) lands in the large build
         (folder / "kb.yaml").write_text(
             "knowledge_bases:\n"
+            "  - name: words\n    display_name: Word Retriever\n    kind: text\n    granularity: paragraph\n"
+            f"    corpus: {DEMO / 'passages.jsonl'}\n    search: bm25\n    index_dir: {folder / 'index_bm25'}\n"
             "  - name: text\n    display_name: Text Retriever\n    kind: text\n    granularity: paragraph\n"
             f"    corpus: {SHARED_QUESTIONS.parent / 'corpus.jsonl'}\n    search: bm25\n    chunk_words: 100\n"
             f"    index_dir: {folder / 'index'}\n    k: 5\n"
-            "  - name: words\n    display_name: Word Retriever\n    kind: text\n    granularity: paragraph\n"
-            f"    corpus: {DEMO / 'passages.jsonl'}\n    search: bm25\n    index_dir: {folder / 'index_bm25'}\n"
         )
 
     def records(folder: Path) -> list[tuple[str, object]]:
@@ -220,7 +221,7 @@ def index_job() -> Job:
         from retrievers.config import load_kb_configs
         from retrievers.kb import load_kb
 
-        if not (folder / "index").exists():
+        if not (folder / "index_bm25").exists():
             return []
         out = []
         questions = [json.loads(line)["question"] for line in (DEMO / "questions.jsonl").open()][:20]
