@@ -140,7 +140,7 @@ def table(results: list[dict], n: int) -> bool:
     ok = True
     print(
         f"{'mode':<20}{'seconds':>9}{'q/s':>8}{'x seq':>7}{'x lockstep':>11}{'gen tok':>9}{'peak RSS MB':>13}"
-        f"{'same final':>12}{'same raw':>10}"
+        f"{'same final':>12}{'same raw':>10}{'tok/s':>8}"
     )
     for r in results:
         same = sum(a == b for a, b in zip(r["answers"], base["answers"], strict=True))
@@ -151,6 +151,7 @@ def table(results: list[dict], n: int) -> bool:
             f"{r['mode']:<20}{r['seconds']:>9.1f}{n / r['seconds']:>8.3f}{x_seq:>7}"
             f"{base['seconds'] / r['seconds']:>11.2f}{r['gen_tokens']:>9}{r['peak_rss_mb']:>13.0f}"
             f"{f'{same}/{n}':>12}{f'{same_raw}/{n}':>10}"
+            f"{(r['prompt_tokens'] + r['gen_tokens']) / r['seconds']:>8.0f}"  # prompt + generated tokens a second
         )
         if r["prefix"]:
             p = r["prefix"]
