@@ -26,8 +26,9 @@ def _policy(context: int) -> TransformersPolicy:
     policy.tokenizer = WordTokenizer()
     policy.model = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=context))
     policy.generated = []
+    policy.prefix_cache, policy.continuous_batching = None, False  # what __init__ sets by default
 
-    def chunk(prompts, params):  # noqa: ANN001, ANN202
+    def chunk(prompts, params, rows=None):  # noqa: ANN001, ANN202
         policy.generated += prompts
         return [Completion(text="<think>t</think><answer>Paris</answer>", prompt_tokens=1) for _ in prompts]
 
