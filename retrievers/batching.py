@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import contextvars
 import logging
+import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 RESTART_DELAY_S = 0.05
+STOP_GRACE_S = 0.5  # how long `stop` waits for a running call to see its items abandoned and return
 
 # the items of the batched call running in this worker thread (set by `MicroBatcher._call`, read by `fn`)
 _running_items: contextvars.ContextVar[list | None] = contextvars.ContextVar("running_items", default=None)
@@ -86,6 +88,8 @@ class MicroBatcher:
         self._running: list[_Item] = []  # the items of the call in progress (failed by `stop`, so it can end early)
         self._task: asyncio.Task | None = None
         self._stopping = False
+        self._idle = threading.Event()  # clear while a call runs in its thread
+        self._idle.set()
 
     @property
     def healthy(self) -> bool:
@@ -112,15 +116,18 @@ class MicroBatcher:
 
     async def stop(self) -> None:
         self._stopping = True
+        running = list(self._running)  # cancelling the loop task clears `_running` (its `finally`)
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
         stopping = RuntimeError(f"{self.name} is shutting down")
-        for item in self._running:  # a call still running in its thread sees them abandoned and can end early
+        for item in running:  # a call still running in its thread sees them abandoned and can end early
             _fail(item, stopping)
         while not self.queue.empty():  # nobody will answer these now
             _fail(self.queue.get_nowait(), stopping)
+        if running:  # give it the moment to notice, so the process does not end under it
+            await asyncio.to_thread(self._idle.wait, STOP_GRACE_S)
 
     def submit(self, payload: Any, key: Hashable) -> asyncio.Future:
         """Queue one item; its future gets `fn`'s result for it, or the exception its own call raised."""
@@ -162,10 +169,14 @@ class MicroBatcher:
 
     def _call_in_thread(self, items: list[_Item], key: Hashable) -> Sequence:
         _running_items.set(items)  # this thread's context is a copy: the setting ends with the call
-        return self.fn([it.payload for it in items], key)
+        try:
+            return self.fn([it.payload for it in items], key)
+        finally:
+            self._idle.set()
 
     async def _call(self, items: list[_Item], key: Hashable) -> Sequence:
         self._running = items
+        self._idle.clear()
         try:
             outs = await asyncio.to_thread(self._call_in_thread, items, key)
         finally:
