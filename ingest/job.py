@@ -26,6 +26,7 @@ from ingest.office import parse_delimited, parse_docx, parse_xlsx
 from ingest.pdf import parse_pdf
 from ingest.units import Limits, Parsed, Skip
 from ingest.web import parse_html, parse_markdown
+from retrievers.integrity import sha256_file
 
 logger = logging.getLogger(__name__)
 
@@ -122,14 +123,6 @@ def walk(
 def file_key(name: str) -> str:
     """A file-system-safe, collision-free key for a file name."""
     return re.sub(r"[^\w.-]", "_", name)[:80] + "-" + hashlib.sha1(name.encode()).hexdigest()[:8]
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def read_state(corpus_dir: Path) -> dict | None:
