@@ -84,6 +84,69 @@ def natural_questions(clips: list[dict]) -> list[dict]:
     return rows
 
 
+# Plain English words for what a shot shows; a question names one and the shot note is its answer. Generic on
+# purpose (no video's own wording): the router should learn that short "what does the bird do?" questions can be
+# about the clips, without a title or "the video" in them.
+ACTORS = ("lion", "lions", "bird", "deer", "buck", "rabbit", "whale", "serpent", "dragon", "monster", "giant", "ship",
+          "sailors")  # fmt: skip
+PLACES = ("leaf", "rock", "stream", "flowers", "meadow", "tree", "sky", "archway", "cliff", "canyon", "hull",
+          "burrow", "branch", "surface", "sea", "grass")  # fmt: skip
+ORDINALS = ("first", "second", "third", "fourth", "fifth", "sixth", "seventh")
+SHORT_REFERENTS = ("in the video", "in the clip", "in the cartoon", "on screen", "")
+
+
+def _names(note: str) -> list[str]:
+    """Capitalised words inside a note (characters: "Sinbad", "Popeye"), not its first word."""
+    unquoted = " ".join(note.split('"')[::2])  # quoted on-screen text is not a character
+    words = [w.strip('(),.;:!?"') for w in unquoted.split()[1:]]
+    return sorted({w for w in words if len(w) > 2 and w[:1].isupper() and w[1:].islower()})
+
+
+def short_questions(clips: list[dict]) -> list[dict]:
+    """Short questions in the words people ask about a video: what a thing or a character does, what the n-th shot
+    shows, what text is on screen and when. The answer is always a shot note (or its quoted text and time)."""
+    rows, n = [], 0
+    by_video: dict[str, list[dict]] = {}
+    for clip in clips:
+        by_video.setdefault(clip["video_id"], []).append(clip)
+    for video_id, shots in by_video.items():
+        for i, clip in enumerate(shots):
+            note = clip["text"].split(" Dialogue: ")[0].strip()
+            words = {w.strip('(),.;:!?"').lower() for w in note.split()}
+
+            def ask(qid: str, question: str, answer: str = note, clip: dict = clip, video_id: str = video_id) -> None:
+                nonlocal n
+                where = SHORT_REFERENTS[n % len(SHORT_REFERENTS)]
+                n += 1
+                question = question.replace(" {where}", f" {where}" if where else "")
+                rows.append({"qid": f"clipshort-{clip['id']}-{qid}", "question": question, "answer": answer,
+                             "video_id": video_id, "evidence_span_s": [clip["start"], clip["end"]],
+                             "evidence_type": "visual",
+                             "annotation": "templated from the clip KB's shot notes (scripts/make_clip_questions.py)"})  # fmt: skip
+
+            if i < len(ORDINALS) and len(shots) > 1 and len(note.split()) > 2:
+                ask("ord", f"What is shown in the {ORDINALS[i]} shot {{where}}?")
+            for thing in ACTORS:
+                if thing in words:
+                    plural = thing.endswith("s")
+                    ask(f"do-{thing}", f"What {'do' if plural else 'does'} the {thing} do {{where}}?")
+                    ask(f"where-{thing}", f"Where {'are' if plural else 'is'} the {thing} {{where}}?")
+            for thing in PLACES:
+                if thing in words:
+                    ask(
+                        f"on-{thing}",
+                        f"What is {'in' if thing in ('sky', 'sea', 'stream') else 'on'} the {thing} {{where}}?",
+                    )
+            for name in _names(note):
+                ask(f"name-{name}", f"What does {name} do {{where}}?")
+                ask(f"next-{name}", f"What is next to {name} {{where}}?")
+            if '"' in note:
+                quoted = note.split('"')[1]
+                ask("text", "What text appears {where}?", quoted)
+                ask("when", f'At what time does "{quoted}" appear {{where}}?', f"{clip['start']:g}-{clip['end']:g} s")
+    return rows
+
+
 def clip_questions(shared: Path) -> list[dict]:
     rows = []
     clips = video_clip_rows(shared)
@@ -113,7 +176,7 @@ def clip_questions(shared: Path) -> list[dict]:
                          "question": f"In {short_title(video['source_title'])}, what is said at about {round(s)} seconds?",
                          "answer": text, "evidence_span_s": [s, e], "evidence_type": "subtitle",
                          "annotation": "templated from the video's subtitles (scripts/make_clip_questions.py)"})  # fmt: skip
-    return rows + natural_questions(clips)
+    return rows + natural_questions(clips) + short_questions(clips)
 
 
 def main() -> None:

@@ -76,6 +76,13 @@ class StepDataArgs:
     max_per_step_type: dict | None = field(
         default=None, metadata={"help": "At most N records of each step type, e.g. {plan: 240, final: 80}."}
     )
+    max_per_dataset: dict | None = field(
+        default=None,
+        metadata={
+            "help": "At most N records from each source dataset (`metadata.dataset`), `\"*\"` for the others, "
+            "e.g. {clip_notes: 240, \"*\": 30}: a focused stage that still replays the rest. Applied per step type."
+        },
+    )
     sample_seed: int | None = field(
         default=None, metadata={"help": "Shuffle the records with this seed before the caps (None keeps file order)."}
     )
@@ -130,6 +137,9 @@ class StepDataArgs:
             raise ValueError(
                 f"`grammar_tokens` needs exactly the keys plan, answer, final; got {sorted(self.grammar_tokens)}"
             )
+        for name, cap in (self.max_per_dataset or {}).items():
+            if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
+                raise ValueError(f"`max_per_dataset.{name}` must be a count >= 0, got {cap!r}; e.g. 30")
         if isinstance(self.kb_list_share, bool) or not 0.0 <= self.kb_list_share <= 1.0:
             raise ValueError(f"`kb_list_share` must be a share in [0, 1], got {self.kb_list_share!r}; e.g. 0.6")
         if isinstance(self.kb_list_min, bool) or self.kb_list_min < 1:

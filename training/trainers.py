@@ -30,6 +30,8 @@ def load_records(cfg: StepDataArgs, path: str) -> list[StepRecord]:
 
         records = list(records)
         random.Random(cfg.sample_seed).shuffle(records)
+    if cfg.max_per_dataset:
+        records = _cap_per_dataset(records, cfg.max_per_dataset)
     if cfg.max_per_step_type:
         seen: dict[str, int] = {}
         kept = []
@@ -44,6 +46,20 @@ def load_records(cfg: StepDataArgs, path: str) -> list[StepRecord]:
     if cfg.kb_list_share:
         records = vary_kb_lists(records, cfg.kb_list_share, cfg.kb_list_min, seed=cfg.sample_seed or 0)
     return records
+
+
+def _cap_per_dataset(records: list[StepRecord], caps: dict) -> list[StepRecord]:
+    """Keep at most `caps[dataset]` (else `caps["*"]`, else all) records of each (dataset, step type), in order."""
+    seen: dict[tuple, int] = {}
+    kept = []
+    for r in records:
+        dataset = r.metadata.get("dataset", "")
+        key = (dataset, r.step_type)
+        seen[key] = seen.get(key, 0) + 1
+        cap = caps.get(dataset, caps.get("*"))
+        if cap is None or seen[key] <= cap:
+            kept.append(r)
+    return kept
 
 
 def build_rewards(cfg: StepGRPOConfig) -> list[RewardFunc]:

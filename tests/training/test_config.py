@@ -76,6 +76,7 @@ def test_paper_defaults_and_overrides():
         (["--max_steps", "0"], ValueError, r"`max_steps` must be -1"),
         (["--kb_list_share", "1.5"], ValueError, r"`kb_list_share` must be a share in \[0, 1\], got 1.5"),
         (["--kb_list_min", "0"], ValueError, r"`kb_list_min` must be >= 1"),
+        (["--max_per_dataset", "{coco: -1}"], ValueError, r"`max_per_dataset.coco` must be a count >= 0, got -1"),
     ],
 )
 def test_bad_recipes_fail_at_parse_time(overrides, error, match):
@@ -138,3 +139,21 @@ def test_cli_help_exits_zero(capsys):
 def test_cli_rejects_unknown_key(tmp_path):
     with pytest.raises(ValueError, match="unknown key 'no_such_key'"):
         main(["grpo", "--config", str(CPU_GRPO_RECIPE), "--no_such_key", "1", "--output_dir", str(tmp_path)])
+
+
+def test_max_per_dataset_caps_each_dataset_and_step_type(tmp_path):
+    from agent.step_records import StepRecord
+    from training.trainers import _cap_per_dataset
+
+    def rec(i, dataset, step_type="plan"):
+        gold = {"sub_question": None, "kb": None} if step_type == "plan" else {"answers": ["x"]}
+        msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": f"q{i}"}]
+        kbs = ("Text Retriever",) if step_type == "plan" else ()
+        return StepRecord(f"t{i}", step_type, msgs, gold, kb_names=kbs, metadata={"dataset": dataset})
+
+    records = [rec(i, "clip_notes") for i in range(5)] + [rec(10 + i, "coco") for i in range(5)]
+    records += [rec(20 + i, "coco", "final") for i in range(3)] + [rec(30, "")]
+    kept = _cap_per_dataset(records, {"clip_notes": 4, "*": 2})
+    ids = [r.trajectory_id for r in kept]
+    assert ids == ["t0", "t1", "t2", "t3", "t10", "t11", "t20", "t21", "t30"]
+    assert len(_cap_per_dataset(records, {"coco": 0})) == 6  # no "*": the other datasets are kept whole
