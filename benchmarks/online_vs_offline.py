@@ -100,8 +100,8 @@ def evaluate(adapter: str, records, all_records, funcs, weights, recipe: dict) -
     from router_stages import first_step_routing, score
 
     from agent.backends.hf import TransformersPolicy
+    from agent.metrics import f1_recall
     from agent.protocol import parse_answer
-    from eval.metrics import f1_recall
     from training.step_dataset import build_step_dataset
 
     policy = TransformersPolicy("smollm2", adapter=adapter, max_batch_size=16)

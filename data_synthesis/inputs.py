@@ -89,6 +89,10 @@ def load_rows(path: str | Path, limit: int | None = None) -> list[dict]:
     if builder is None:
         raise ValueError(f"{path}: unsupported file type {path.suffix!r}; use .jsonl, .json, .parquet or .csv")
     datasets.disable_progress_bars()
+    # datasets logs its own ERROR line for a malformed file; the error raised below names it once, with the line
+    ds_logger = logging.getLogger("datasets")
+    level = ds_logger.level
+    ds_logger.setLevel(logging.CRITICAL)
     try:
         ds = datasets.load_dataset(builder, data_files=str(path), split="train")
     except datasets.exceptions.DatasetGenerationError as e:  # a malformed line, wrapped twice by datasets
@@ -99,6 +103,8 @@ def load_rows(path: str | Path, limit: int | None = None) -> list[dict]:
                 pass
         cause = e.__cause__ or e
         raise ValueError(f"{path}: not readable as {builder} ({type(cause).__name__}: {cause}); fix the file") from e
+    finally:
+        ds_logger.setLevel(level)
     if limit is not None:
         ds = ds.select(range(min(limit, len(ds))))
     return ds.to_list()
@@ -157,7 +163,7 @@ def _shared_text(spec: InputSpec) -> Iterator[Row]:
 
 
 def _r1router(spec: InputSpec) -> Iterator[Row]:
-    from eval.metrics import expand_infoseek_golds
+    from agent.metrics import expand_infoseek_golds
 
     dataset = spec.dataset or Path(spec.path).stem.removesuffix("_val").split("_")[0].lower()
     for n, row in enumerate(load_rows(spec.path, spec.limit)):

@@ -1,7 +1,7 @@
 """Rejection sampling: which teacher trajectories are kept, and why each other one is not.
 
 The always-on rule (DESIGN §6, the paper's `data_filter.py`): the final answer scores 1 on the answer metric, i.e.
-the F1-recall of the best gold is 1 (`eval.metrics.f1_recall`, the code eval and the reward use). Optional rules
+the F1-recall of the best gold is 1 (`agent.metrics.f1_recall`, the code eval and the reward use). Optional rules
 (`RejectionSpec`): no format error anywhere, every intermediate answer overlapping its own evidence, at most `n`
 retrieval steps. Every rule that fails is recorded, so a rejected trajectory lists all its reasons.
 
@@ -26,9 +26,9 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from agent.metrics import f1_recall, normalize_answer
 from agent.types import Trajectory
 from data_synthesis.config import RejectionSpec
-from eval.metrics import f1_recall, normalize_answer
 from retrievers.types import Hit
 
 REASONS = (

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from agent.loop import Question
+from agent.metrics import expand_infoseek_golds
 from agent.phrasing import tabfact_question
-from eval.metrics import expand_infoseek_golds
 from retrievers.jsonl import iter_jsonl_objects
 
 logger = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """Per-question scores and their aggregation: answer metrics, retrieval recall@k, routing accuracy, cost.
 
-Answer metrics come from `eval.metrics` (shared with the rewards): `f1_recall` (the paper's headline metric, the
+Answer metrics come from `agent.metrics` (shared with the rewards): `f1_recall` (the paper's headline metric, the
 recall of the best-F1 gold), `exact_match`, `token_f1`. `acc` is yes/no accuracy on yes/no questions and, as the
 paper's final-answer reward, "F1-recall == 1" on the others. Keys use slash namespaces (`answer/f1_recall`,
 `retrieval/recall@k`, `routing/accuracy`, `cost/steps`).
@@ -29,8 +29,8 @@ import re
 from collections.abc import Iterable, Sequence
 
 from agent.loop import Question
+from agent.metrics import exact_match, f1_recall, normalize_answer, token_f1
 from agent.types import Trajectory
-from eval.metrics import exact_match, f1_recall, normalize_answer, token_f1
 from retrievers.types import Hit
 
 ANSWER_KEYS = ("answer/f1_recall", "answer/em", "answer/token_f1", "answer/acc")

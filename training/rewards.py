@@ -21,9 +21,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
+from agent.metrics import f1_recall
 from agent.protocol import AnswerParse, PlanParse, normalize_kb, parse_answer, parse_plan
 from agent.step_records import ANSWER, FINAL, PLAN, STEP_TYPES  # noqa: F401 (one definition, shared)
-from eval.metrics import f1_recall
 from training.embedders import MINILM, Embedder, get_embedder
 
 logger = logging.getLogger(__name__)

@@ -1,11 +1,11 @@
-"""Hand-made cases for the per-question figures (answer metrics via eval.metrics, recall@k, routing, aggregation)."""
+"""Hand-made cases for the per-question figures (answer metrics via agent.metrics, recall@k, routing, aggregation)."""
 
 from __future__ import annotations
 
 import pytest
 
+from agent.metrics import expand_infoseek_golds
 from agent.types import Step, Trajectory
-from eval.metrics import expand_infoseek_golds
 from eval.scoring import (
     answer_scores,
     evidence_matches,

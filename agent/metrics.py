@@ -1,5 +1,8 @@
 """Answer metrics shared by rewards, synthesis and evaluation: F1-recall, exact match, token F1.
 
+They live in `agent`, below all three users: imports flow one way (`retrievers <- agent <- training | eval |
+data_synthesis`), so synthesis cannot take them from `eval`.
+
 Two normalisations live here, on purpose:
 
 - `normalize_answer` is the one SQuAD-style normalisation (lower-case, punctuation removed, articles `a|an|the`

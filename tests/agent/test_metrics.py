@@ -1,4 +1,4 @@
-"""Tests for eval/metrics.py: the paper's F1-recall (870 reference cases), SQuAD EM/F1, InfoSeek gold expansion."""
+"""Tests for agent/metrics.py: the paper's F1-recall (870 reference cases), SQuAD EM/F1, InfoSeek gold expansion."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from eval.metrics import (
+from agent.metrics import (
     exact_match,
     expand_infoseek_golds,
     f1_recall,
