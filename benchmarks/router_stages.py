@@ -33,9 +33,11 @@ STAGES = {
     "base": None,
     "sft1": "runs/train/smollm2_router_sft",
     "sft1b": "runs/train/smollm2_router_sft_decisions",
-    "sft": "runs/train/smollm2_router_sft_routing",
+    "sft1c": "runs/train/smollm2_router_sft_routing",
+    "sft": "runs/train/smollm2_router_sft_video",
     "grpo": "models/smollm2-kbrouter",
-}  # sft1: stage 1 alone; sft1b: + decision-weighted; sft: + 1c (varied KB lists, routing records): the SFT stage
+}  # sft1: stage 1 alone; sft1b: + decision-weighted; sft1c: + varied KB lists, routing records; sft: + 1d (short clip
+# questions): the SFT stage the shipped Step-GRPO router starts from
 
 
 def mean_se(xs: list[float]) -> tuple[float, float]:
