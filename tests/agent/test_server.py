@@ -188,3 +188,23 @@ def test_kbrouters_own_openai_client_passes_the_checks(tmp_path):
     with serve_in_thread(create_app(EchoPolicy())) as url:
         outs = OpenAICompatiblePolicy(url + "/v1", "echo", retries=0).generate(convs, params)
     assert [o.text for o in outs] == ["HELLO", "WHAT?"]
+
+
+def test_a_decompression_bomb_image_fails_alone_while_its_batch_succeeds(server):
+    import base64
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("1", (10000, 10000)).save(buf, format="PNG")  # ~12 KB, 100 megapixels declared
+    assert buf.tell() < 100_000
+    url_ = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    parts = [{"type": "image_url", "image_url": {"url": url_}}, {"type": "text", "text": "what is this?"}]
+    bomb = {"model": "echo", "messages": [{"role": "user", "content": parts}]}
+    url, policy = server
+    *good, rejected = post_all(url, [chat(f"q{i}") for i in range(3)] + [bomb])
+    assert [r.status_code for r in good] == [200] * 3
+    assert rejected.status_code == 400 and "10000x10000" in rejected.json()["detail"]
+    assert sorted(r.json()["choices"][0]["message"]["content"] for r in good) == ["Q0", "Q1", "Q2"]
+    assert all("what is this?" not in texts for texts in policy.calls)  # the bomb never reached the policy

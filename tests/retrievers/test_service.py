@@ -4,6 +4,7 @@ demo KB (real MiniLM + FAISS + BM25 over 300 real Wikipedia paragraphs), retries
 from __future__ import annotations
 
 import json
+import os
 import random
 import threading
 import time
@@ -189,6 +190,59 @@ def test_a_decompression_bomb_image_is_a_422_before_any_kb_decodes_it(tmp_path):
         bad.status_code == 422 and "queries[0].image" in bad.json()["error"] and "10000x10000" in bad.json()["error"]
     )
     assert good.status_code == 200
+
+
+# Run in a fresh process, so its peak RSS is this request's alone: a service whose KB decodes query images the
+# way the image KB does (`load_image`, falling back to text on a MediaError), sent a small image, then the bomb.
+BOMB_RSS_SCRIPT = """
+import json, resource, sys
+import httpx
+from retrievers.media import MediaError, load_image
+from retrievers.service import create_app, serve_in_thread
+from retrievers.types import Doc, Hit, as_queries
+
+class DecodingRetriever:
+    def search(self, queries, k=None):
+        for q in as_queries(queries):
+            if q.image:
+                try:
+                    load_image(q.image)
+                except MediaError:
+                    pass
+        return [[Hit(Doc(id="d", text="d", kb="img"), 1.0, 0, "img")] * k for q in as_queries(queries)]
+
+small, bomb = sys.argv[1:3]
+def ask(image):
+    body = {"queries": [{"kb": "img", "text": "a photo", "image": image}]}
+    return httpx.post(url + "/search", json=body, timeout=60).status_code
+
+with serve_in_thread(create_app({"img": DecodingRetriever()})) as url:
+    warm = ask(small)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    status = ask(bomb)
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"warm": warm, "status": status, "added_mb": (after - before) / 1024}))
+"""
+
+
+def test_a_12_kb_png_of_10000x10000_pixels_costs_the_service_no_decoded_memory(tmp_path):
+    import subprocess
+    import sys
+
+    from PIL import Image
+
+    bomb, small = tmp_path / "bomb.png", tmp_path / "small.png"
+    Image.new("1", (10000, 10000)).save(bomb)  # ~12 KB on disk; decoded to RGB it is 300+ MB
+    Image.new("RGB", (64, 64)).save(small)
+    root = Path(__file__).resolve().parents[2]
+    run = subprocess.run(
+        [sys.executable, "-c", BOMB_RSS_SCRIPT, str(small), str(bomb)],
+        capture_output=True, text=True, timeout=300, cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    figures = json.loads(run.stdout.strip().splitlines()[-1])
+    assert figures["warm"] == 200 and figures["status"] == 422
+    assert figures["added_mb"] < 64, figures  # the issue measured +586 MB for this one query
 
 
 def test_load_image_refuses_more_pixels_than_the_cap(tmp_path, monkeypatch):
