@@ -4,8 +4,9 @@
 
 The policy's replies are the last user text upper-cased, after `--delay` seconds: `slow` sleeps through the delay,
 `cooperative` polls `abandoned_items()` and returns as soon as its items are abandoned (as the transformers
-backends do), `stuck` ignores abandonment. The chosen port is written to PORT_FILE once the server listens, and
-`abandoned` is printed to stdout when the cooperative policy saw its items abandoned.
+backends do), `stuck` ignores abandonment. The chosen port is written to PORT_FILE once the server listens;
+`generating` is printed to stdout when a call reaches the policy, and `abandoned` when the cooperative policy saw
+its items abandoned.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class DelayPolicy:
         self.kind, self.delay = kind, delay
 
     def generate(self, conversations, params):  # noqa: ANN001, ANN201
+        print("generating", flush=True)  # tests wait for this before they signal, instead of guessing a delay
         deadline = time.monotonic() + self.delay
         while time.monotonic() < deadline:
             if self.kind == "cooperative" and all(abandoned_items() or [False]):

@@ -49,15 +49,29 @@ def post_in_background(url: str, text: str, out: dict) -> threading.Thread:
     return t
 
 
-def wait_in_flight(url: str) -> None:
-    time.sleep(0.5)  # the request has reached the policy (its delay is seconds long)
+def wait_in_flight(proc: subprocess.Popen, timeout_s: float = 60.0) -> None:
+    """Until the request has reached the policy (the server prints `generating`): a fixed sleep raced on a busy
+    machine, where the signal could come before the request was in flight."""
+    import selectors
+
+    deadline = time.monotonic() + timeout_s
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        while time.monotonic() < deadline:
+            if sel.select(timeout=max(0.0, deadline - time.monotonic())) and proc.stdout.readline().strip() == (
+                "generating"
+            ):
+                return
+            if proc.poll() is not None:
+                break
+    raise AssertionError(f"the request did not reach the policy in {timeout_s:g} s")
 
 
 def test_sigterm_lets_the_request_in_flight_finish_and_refuses_new_ones(tmp_path):
     proc, url = start(tmp_path, "--policy", "slow", "--delay", "2", "--drain-s", "20")
     out: dict = {}
     t = post_in_background(url, "still answered", out)
-    wait_in_flight(url)
+    wait_in_flight(proc)
     proc.send_signal(signal.SIGTERM)
     time.sleep(0.3)
     with pytest.raises(httpx.ConnectError):  # the listening socket is closed at once
@@ -72,7 +86,7 @@ def test_work_running_at_the_deadline_is_abandoned_and_the_process_exits_cleanly
     proc, url = start(tmp_path, "--policy", "cooperative", "--delay", "60", "--drain-s", "0.5")
     out: dict = {}
     t = post_in_background(url, "too slow", out)
-    wait_in_flight(url)
+    wait_in_flight(proc)
     proc.send_signal(signal.SIGTERM)
     rc = proc.wait(30)  # well before the policy's 60 s
     t.join(30)
@@ -91,12 +105,34 @@ def test_work_running_at_the_deadline_is_abandoned_and_the_process_exits_cleanly
     ],
 )
 def test_a_stuck_worker_cannot_hold_the_process_past_deadline_plus_grace(tmp_path, sig, rc, says):
-    proc, url = start(tmp_path, "--policy", "stuck", "--delay", "120", "--drain-s", "0.5", "--exit-grace-s", "1")
+    # a grace of seconds, not one: on a busy machine uvicorn's own shutdown after the drain can take over a second
+    proc, url = start(tmp_path, "--policy", "stuck", "--delay", "120", "--drain-s", "0.5", "--exit-grace-s", "8")
     out: dict = {}
     t = post_in_background(url, "never", out)
-    wait_in_flight(url)
+    wait_in_flight(proc)
     proc.send_signal(sig)
     assert proc.wait(60) == rc  # within a minute, not the policy's 120 s
     t.join(30)
     assert says in proc.stderr.read()
     assert out.get("status") != 200
+
+
+def test_after_the_unhashable_probes_the_server_still_answers_and_sigterm_still_stops_it(tmp_path):
+    # `seed: [1]` and `stop: [["x"]]` used to kill the batching task: later requests hung and SIGTERM did nothing
+    proc, url = start(tmp_path, "--policy", "slow", "--delay", "0.1", "--drain-s", "5")
+    try:
+        chat = {"messages": [{"role": "user", "content": "after"}]}
+        probes = [httpx.post(url + "/v1/chat/completions", json={**chat, **extra}, timeout=10)
+                  for extra in ({"seed": [1]}, {"stop": [["x"]]})]  # fmt: skip
+        after = httpx.post(url + "/v1/chat/completions", json=chat, timeout=10)
+        health = httpx.get(url + "/health", timeout=10)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+    assert [r.status_code for r in probes] == [400, 400]
+    assert after.status_code == 200 and "AFTER" in after.text
+    assert health.json()["status"] == "ok"
+    try:
+        assert proc.wait(30) == -signal.SIGTERM
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError("SIGTERM did not stop the server in 30 s") from None
