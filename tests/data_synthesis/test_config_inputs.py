@@ -76,6 +76,24 @@ def test_a_broken_input_line_names_the_file_and_line(tmp_path):
         load_rows(path)
 
 
+def test_kbrouter_synth_gives_one_line_for_m_abc_and_for_a_broken_input_line(tmp_path, capsys):
+    from kbrouter.cli import main as kbrouter
+
+    recipe = ROOT / "configs" / "synth" / "smollm2_cpu.yaml"
+    assert kbrouter(["synth", "--config", str(recipe), "--m", "abc", "--output_dir", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "`m` must be an integer, got 'abc'" in err and len(err.strip().splitlines()) == 1
+    # a malformed line in an input file was a `DatasetGenerationError` traceback; it fails before any model loads
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text('{"id": "1", "question": "q?", "answers": ["a"]}\n{"id": "2", "question": \n')
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(f"inputs:\n  - {{path: {qa}, format: generic}}\nkb_config: {ROOT / 'configs' / 'kb' / 'demo.yaml'}\n"
+                      f"output_dir: {tmp_path / 'out'}\n")  # fmt: skip
+    assert kbrouter(["synth", "--config", str(broken)]) == 2
+    err = capsys.readouterr().err
+    assert f"{qa}:2: not valid JSON" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
 def test_unknown_top_level_key_names_the_key_and_the_fix():
     with pytest.raises(ValueError, match=r"unknown key 'mm'.*did you mean \['m'\]"):
         load_config(None, ["--mm", "2"])
