@@ -266,6 +266,30 @@ def test_a_rebuilt_kb_index_makes_the_predictions_stale(tmp_path: Path, question
     assert len(computed) == len(QUESTIONS)
 
 
+def test_a_checkpoint_retrained_at_the_same_path_is_evaluated_again(
+    tmp_path: Path, questions_file: Path, fake_kbs
+) -> None:
+    ckpt = tmp_path / "runs" / "sft" / "final"
+    ckpt.mkdir(parents=True)
+    (ckpt / "model.safetensors").write_bytes(b"weights v1")
+    cfg = load_eval_config(eval_yaml(tmp_path, questions_file, ["sft"], checkpoints={"sft": str(ckpt)}))
+    loaded: list[str] = []
+
+    def factory(settings: dict, where: str) -> FakePolicy:
+        loaded.append(settings["model"])
+        return FakePolicy()
+
+    def computed_ids() -> list[str]:
+        computed: list[dict] = []
+        run_eval(cfg, policy=FakePolicy(), kbs=fake_kbs, on_prediction=computed.append, policy_factory=factory)
+        return sorted(r["qid"] for r in computed)
+
+    assert computed_ids() == ["q1", "q2", "q3", "q4"] and loaded == [str(ckpt)]
+    assert computed_ids() == [] and len(loaded) == 1  # unchanged weights: cached, the checkpoint not even loaded
+    (ckpt / "model.safetensors").write_bytes(b"weights v2, retrained in place")
+    assert computed_ids() == ["q1", "q2", "q3", "q4"] and len(loaded) == 2
+
+
 class OutagePolicy(FakePolicy):
     """A backend that fails (finish_reason `error`, as the HTTP backends report an outage) on questions naming
     OUTAGE, while `down` is set."""
