@@ -19,7 +19,7 @@ import dataclasses
 import logging
 import time
 
-from retrievers.config import load_kb_configs
+from retrievers.config import load_kb_configs, select_kbs
 from retrievers.kb import build_kb_status
 
 
@@ -46,11 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(levelname)s %(message)s")
 
     configs = load_kb_configs(args.kb)
-    if args.only:
-        unknown = sorted(set(args.only) - {c.name for c in configs})
-        if unknown:
-            parser.error(f"--only: unknown KB name(s) {unknown}; {args.kb} declares {[c.name for c in configs]}")
-        configs = [c for c in configs if c.name in args.only]
+    try:
+        configs = select_kbs(configs, args.only, args.kb)
+    except ValueError as e:
+        parser.error(f"--only: {e}")
     if args.workers is not None:
         configs = [dataclasses.replace(c, encode_workers=args.workers) for c in configs]
 

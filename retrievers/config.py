@@ -287,3 +287,17 @@ def load_kb_configs(path: str | os.PathLike) -> list[KBConfig]:
             )
         configs.append(cfg)
     return configs
+
+
+def select_kbs(configs: list[KBConfig], names: list[str] | None, kb_file: str | os.PathLike) -> list[KBConfig]:
+    """The configs whose `name` is in `names`, in file order (all of them when `names` is empty).
+
+    Raises:
+        ValueError: a name that `kb_file` does not declare; the message lists the declared ones.
+    """
+    if not names:
+        return configs
+    unknown = sorted(set(names) - {c.name for c in configs})
+    if unknown:
+        raise ValueError(f"unknown KB name(s) {unknown}; {kb_file} declares {[c.name for c in configs]}")
+    return [c for c in configs if c.name in names]

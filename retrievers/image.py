@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +31,7 @@ from typing import TYPE_CHECKING, TypeVar
 import numpy as np
 
 from retrievers.encoders import normalize
-from retrievers.jsonl import iter_jsonl_objects
+from retrievers.jsonl import iter_jsonl_objects, write_jsonl_atomic
 from retrievers.media import MediaError, load_image
 from retrievers.types import Doc, Hit, Media, Query, as_queries
 
@@ -165,9 +164,10 @@ class MediaRetriever:
 
     @classmethod
     def load(cls, cfg: KBConfig, weight: float, clip: ClipEncoder) -> MediaRetriever:
+        from retrievers.store import read_docs
+
         index_dir = Path(cfg.index_dir)
-        with (index_dir / DOCS_FILE).open() as f:
-            docs = [dataclasses.replace(Doc.from_dict(json.loads(line)), kb=cfg.name) for line in f]
+        docs = read_docs(index_dir, cfg.name)
         visual = np.load(index_dir / VISUAL_FILE)
         text = np.load(index_dir / TEXT_FILE)
         if not len(docs) == len(visual) == len(text):
@@ -259,14 +259,10 @@ def write_media_index(
     if flat:
         np.add.at(text, np.asarray(groups), encoder.encode(flat))
         text = normalize(text)
-    with (out_dir / DOCS_FILE).open("w") as f:
-        for doc in docs:
-            f.write(json.dumps(doc.to_dict(), ensure_ascii=False) + "\n")
+    write_jsonl_atomic(out_dir / DOCS_FILE, (doc.to_dict() for doc in docs))
     np.save(out_dir / VISUAL_FILE, visual.astype(np.float32))
     np.save(out_dir / TEXT_FILE, text)
-    with (out_dir / SKIPPED_FILE).open("w") as f:
-        for s in skipped:
-            f.write(json.dumps(s, ensure_ascii=False) + "\n")
+    write_jsonl_atomic(out_dir / SKIPPED_FILE, skipped)
     for s in skipped:
         logger.warning("KB %s: skipped %s: %s", cfg.name, s["source"], s["reason"])
     return {"dim": dim, "doc_count": len(docs), "skipped_count": len(skipped), "skipped": skipped[:50]}

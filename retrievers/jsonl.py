@@ -1,10 +1,30 @@
-"""One JSONL reader for every input file (corpora, question and dataset files): errors name the file and line."""
+"""JSONL reading and whole-file writing.
+
+`iter_jsonl_objects` reads every input file (corpora, question and dataset files, index docs): errors name the file
+and line. `write_jsonl_atomic` writes a whole file under a temporary name, fsyncs and renames it, so a crash leaves
+the previous file or the new one, never half of one.
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import os
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+
+
+def write_jsonl_atomic(path: str | Path, rows: Iterable[dict]) -> None:
+    """Replace `path` with one JSON line per row (UTF-8, non-ASCII kept), atomically."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with tmp.open("w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)  # a failed write leaves no temporary file behind
 
 
 def iter_jsonl_objects(path: str | Path) -> Iterator[tuple[int, dict]]:

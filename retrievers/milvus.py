@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from retrievers.config import KBConfig
-from retrievers.types import Doc, Hit, Query, as_queries
+from retrievers.types import Doc, Hit, Query, text_queries
 
 logger = logging.getLogger(__name__)
 
@@ -369,12 +369,10 @@ class MilvusRetriever:
             where: metadata filter `{field: value or [values]}` on `modality`, `source`, `source_file`, `doc_id`.
         """
         k = k or self.cfg.k
-        texts = [q.text.strip() for q in as_queries(queries)]
-        live = [i for i, t in enumerate(texts) if t]
-        results: list[list[Hit]] = [[] for _ in texts]
+        live, live_texts = text_queries(queries)
+        results: list[list[Hit]] = [[] for _ in queries]
         if not live:
             return results
-        live_texts = [texts[i] for i in live]
         expr = where_expr(where)
         name, mode = self.cfg.collection, self.cfg.search
         common = {"limit": k, "output_fields": ["doc"], "timeout": REQUEST_TIMEOUT_S}

@@ -415,17 +415,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
 
-    from retrievers.config import load_kb_configs
+    from retrievers.config import load_kb_configs, select_kbs
     from retrievers.kb import build_kb, load_kb
     from retrievers.replay import Recording, Replay
     from retrievers.security import kb_media_folders, resolve_api_keys, warn_if_exposed
 
     configs = load_kb_configs(args.kb)
-    if args.only:
-        unknown = sorted(set(args.only) - {c.name for c in configs})
-        if unknown:
-            parser.error(f"--only: unknown KB name(s) {unknown}; {args.kb} declares {[c.name for c in configs]}")
-        configs = [c for c in configs if c.name in args.only]
+    try:
+        configs = select_kbs(configs, args.only, args.kb)
+    except ValueError as e:
+        parser.error(f"--only: {e}")
     kbs: dict[str, Retriever] = {}
     for c in configs:
         if args.replay:

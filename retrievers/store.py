@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
+import os
 import shutil
 from pathlib import Path
 
@@ -38,7 +38,8 @@ from retrievers.dense_build import (
 from retrievers.encoders import EncodeFn, Encoder, encoding_pool, load_encoder, normalize
 from retrievers.faiss_index import load_sharded, set_query_params
 from retrievers.fusion import reciprocal_rank_fusion
-from retrievers.types import Doc, Hit, Query, as_queries
+from retrievers.jsonl import iter_jsonl_objects, write_jsonl_atomic
+from retrievers.types import Doc, Hit, Query, text_queries
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +56,13 @@ def pool(vectors: np.ndarray, groups: list[int], n: int) -> np.ndarray:
     out = np.zeros((n, vectors.shape[1]), dtype=np.float32)
     np.add.at(out, np.asarray(groups), vectors)
     return normalize(out)
+
+
+def read_docs(index_dir: str | os.PathLike, kb: str) -> list[Doc]:
+    """The docs of an index folder (`docs.jsonl`), each tagged with the name of its KB."""
+    return [
+        dataclasses.replace(Doc.from_dict(row), kb=kb) for _, row in iter_jsonl_objects(Path(index_dir) / DOCS_FILE)
+    ]
 
 
 def write_index(
@@ -89,11 +97,7 @@ def write_index(
         with contextlib.ExitStack() as stack:
             encode = lazy_pool(stack, encoder, cfg) if encoder is not None else None
             return sync_collection(cfg, docs, embed_texts, bm25_texts, groups, encoder, encode, progress)
-    tmp = out_dir / (DOCS_FILE + ".tmp")
-    with tmp.open("w") as f:
-        for doc in docs:
-            f.write(json.dumps(doc.to_dict(), ensure_ascii=False) + "\n")
-    tmp.replace(out_dir / DOCS_FILE)
+    write_jsonl_atomic(out_dir / DOCS_FILE, (doc.to_dict() for doc in docs))
     dim = 0
     if cfg.search in ("dense", "hybrid"):
         with build_lock(partial_dir(cfg)):
@@ -150,8 +154,7 @@ class IndexedRetriever:
     def load(cls, cfg: KBConfig) -> IndexedRetriever:
         """Load the index folder `cfg.index_dir` (the caller checks the manifest first)."""
         index_dir = Path(cfg.index_dir)
-        with (index_dir / DOCS_FILE).open() as f:
-            docs = [dataclasses.replace(Doc.from_dict(json.loads(line)), kb=cfg.name) for line in f]
+        docs = read_docs(index_dir, cfg.name)
         encoder = dense = bm25 = None
         if cfg.search in ("dense", "hybrid"):
             if (index_dir / SHARDS_DIR).is_dir():
@@ -178,12 +181,10 @@ class IndexedRetriever:
             One list of `Hit`s per query, with `kb` set to this KB's name and 0-based ranks.
         """
         k = k or self.cfg.k
-        texts = [q.text.strip() for q in as_queries(queries)]
-        live = [i for i, t in enumerate(texts) if t]
-        results: list[list[Hit]] = [[] for _ in texts]
+        live, live_texts = text_queries(queries)
+        results: list[list[Hit]] = [[] for _ in queries]
         if not live:
             return results
-        live_texts = [texts[i] for i in live]
         depth = max(k, self.cfg.fusion_depth) if self.cfg.search == "hybrid" else k
         dense_lists = self._search_dense(live_texts, depth) if self._dense is not None else None
         bm25_lists = self._search_bm25(live_texts, depth) if self._bm25 is not None else None

@@ -88,6 +88,13 @@ def as_queries(queries: list[str | Query]) -> list[Query]:
     return [q if isinstance(q, Query) else Query(text=q) for q in queries]
 
 
+def text_queries(queries: list[str | Query]) -> tuple[list[int], list[str]]:
+    """Positions and stripped texts of the queries that have text: an empty query is not searched (it gets [])."""
+    texts = [q.text.strip() for q in as_queries(queries)]
+    live = [i for i, t in enumerate(texts) if t]
+    return live, [texts[i] for i in live]
+
+
 @runtime_checkable
 class Retriever(Protocol):
     """What every knowledge base satisfies: batched, always scored.
