@@ -8,13 +8,10 @@
 #
 # Each process rolls out one demo question per step (per_device_train_batch_size 2 / G 2) from the shipped router
 # adapter; the demo questions have no gold steps, so they train on the outcome alone (allow_outcome_only).
-# See scripts/ddp_grpo_smoke.sh for why this is the multi-GPU launcher with ACCELERATE_USE_CPU=1.
+# Why the multi-GPU launcher with ACCELERATE_USE_CPU=1: scripts/ddp_common.sh.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-export ACCELERATE_USE_CPU=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false TRL_EXPERIMENTAL_SILENCE=1
+source "$(dirname "$0")/ddp_common.sh"
 OUT=${OUT:-/tmp/kbrouter_ddp_online_smoke}
-PY=${PYTHON:-.venv/bin/python}
 PORT=${PORT:-8791}
 mkdir -p "$OUT"
 kb() {  # the demo passages and tables, BM25 (builds in seconds); $1 = options line of each KB
@@ -35,13 +32,11 @@ SERVICE=$!
 trap 'kill $SERVICE 2>/dev/null || true' EXIT
 for _ in $(seq 120); do curl -sf -H "Authorization: Bearer $KBROUTER_API_KEY" "http://127.0.0.1:$PORT/health" >/dev/null && break; sleep 1; done
 start=$(date +%s)
-"$PY" -m accelerate.commands.launch --multi_gpu --num_processes 2 --num_machines 1 --mixed_precision no \
-    --dynamo_backend no -m training.cli grpo --config configs/train/smollm2_online_grpo_cpu.yaml \
+launch_grpo configs/train/smollm2_online_grpo_cpu.yaml "$OUT/launch.log" \
     --init_adapter models/smollm2-kbrouter --train_file data/demo/questions.jsonl \
     --online_rollout "{kb: $OUT/remote.yaml, max_steps: 1, top_k: 2, evidence_chars: 150, allow_outcome_only: true}" \
     --max_steps 2 --num_generations 2 --per_device_train_batch_size 2 --max_completion_length 64 \
-    --save_strategy no --output_dir "$OUT/run" --log_level_replica info "$@" >"$OUT/launch.log" 2>&1 \
-    || { tail -40 "$OUT/launch.log"; exit 1; }
+    --output_dir "$OUT/run" "$@"
 grep -E "process [0-9]+/[0-9]+ on|throughput process|online step|finished" "$OUT/launch.log" \
     | sed -E 's/^.*INFO training\.(trainers|online_grpo): //; s/^.*(grpo finished)/\1/'
 echo "wall time incl. startup: $(( $(date +%s) - start )) s   (full log: $OUT/launch.log, service: $OUT/service.log)"
