@@ -16,7 +16,8 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+# The shared real data: $KBROUTER_SHARED_DATA, else ../shared/data next to the repo. Every test module takes it from here.
+SHARED = Path(os.environ.get("KBROUTER_SHARED_DATA") or Path(__file__).resolve().parents[1].parent / "shared" / "data")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -36,10 +37,23 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
-    """The shared real data folder (../shared/data); tests that need it skip when it is absent."""
+    """The shared real data folder (`SHARED`); tests that need it skip when it is absent."""
     if not SHARED.exists():
-        pytest.skip(f"shared data not found at {SHARED}")
+        pytest.skip(f"shared data not found at {SHARED} (set KBROUTER_SHARED_DATA to its folder)")
     return SHARED
+
+
+@pytest.fixture
+def shared_path():
+    """Return a function giving a path under `SHARED` that skips the test when that data is absent."""
+
+    def get(*parts: str) -> Path:
+        path = SHARED.joinpath(*parts)
+        if not path.exists():
+            pytest.skip(f"shared data {path} is absent (set KBROUTER_SHARED_DATA to its folder)")
+        return path
+
+    return get
 
 
 @pytest.fixture(scope="session")

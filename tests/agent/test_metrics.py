@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -16,8 +15,8 @@ from agent.metrics import (
     paper_tokens,
     token_f1,
 )
+from tests.conftest import SHARED
 
-SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 CASES = SHARED / "metrics" / "f1_recall_cases.jsonl"
 
 

@@ -5,7 +5,6 @@ prompts the live loop renders when a policy writes the same steps."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -20,9 +19,9 @@ from data_synthesis.job import load_kbs, run_synthesis
 from data_synthesis.records import step_records
 from data_synthesis.rejection import holds_support
 from retrievers.types import Doc, Hit, Media
+from tests.conftest import SHARED
 
 ROOT = Path(__file__).resolve().parents[2]
-SHARED = Path(os.environ.get("KBROUTER_SHARED_DATA", ROOT.parent / "shared" / "data"))
 needs_shared = pytest.mark.skipif(not (SHARED / "text" / "questions.jsonl").exists(),
                                   reason=f"shared data {SHARED} is absent (set KBROUTER_SHARED_DATA)")  # fmt: skip
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from eval.datasets import DatasetSpec, load_dataset
+from tests.conftest import SHARED
 
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f"shared data folder {SHARED} is absent")
 
 

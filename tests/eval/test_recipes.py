@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from eval.config import load_eval_config
+from tests.conftest import SHARED
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = sorted((ROOT / "configs" / "eval").glob("*.yaml"))
-SHARED = ROOT.parent / "shared" / "data"
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=[p.name for p in RECIPES])

@@ -15,10 +15,10 @@ from eval.datasets import DatasetSpec, load_dataset
 from eval.runner import run_eval
 from eval.scoring import mean_scores, output_validity, score_prediction
 from retrievers.types import Doc, Hit
+from tests.conftest import SHARED
 from tests.eval.conftest import QUESTIONS, FakePolicy, eval_yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-SHARED = ROOT.parent / "shared" / "data"
 SPLITS = ROOT / "data" / "splits" / "shared_heldout.json"
 
 

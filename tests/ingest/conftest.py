@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import SHARED
+
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = Path(os.environ.get("KBROUTER_SHARED_DATA", ROOT.parent / "shared" / "data")) / "docs"
+DOCS = SHARED / "docs"
 
 
 @pytest.fixture(scope="session")

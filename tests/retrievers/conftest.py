@@ -13,20 +13,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "data" / "demo"
-SHARED = Path(os.environ.get("KBROUTER_SHARED_DATA", ROOT.parent / "shared" / "data"))
-
-
-@pytest.fixture
-def shared_path():
-    """Return a function giving a path under ../shared/data that skips the test when that data is absent."""
-
-    def get(*parts: str) -> Path:
-        path = SHARED.joinpath(*parts)
-        if not path.exists():
-            pytest.skip(f"shared data {path} is absent (set KBROUTER_SHARED_DATA to its folder)")
-        return path
-
-    return get
 
 
 @pytest.fixture(scope="session")

@@ -17,9 +17,10 @@ import pytest
 
 from retrievers.config import KBConfig
 from retrievers.kb import build_kb_status, load_kb
+from tests.conftest import SHARED
 
 ROOT = Path(__file__).resolve().parents[2]
-SHARED_TEXT = ROOT.parent / "shared" / "data" / "text"
+SHARED_TEXT = SHARED / "text"
 
 
 def shared_subset(tmp_path: Path, every: int, limit: int | None = None) -> Path:

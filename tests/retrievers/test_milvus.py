@@ -22,6 +22,7 @@ from retrievers import milvus  # noqa: E402
 from retrievers.config import KBConfig  # noqa: E402
 from retrievers.fusion import reciprocal_rank_fusion  # noqa: E402
 from retrievers.kb import build_kb_status, load_kb  # noqa: E402
+from tests.conftest import SHARED
 
 ROOT = Path(__file__).resolve().parents[2]
 K = 10
@@ -36,7 +37,7 @@ def subset(src: Path, out: Path, every: int = 30) -> Path:
 @pytest.fixture(scope="module")
 def shared_kbs(tmp_path_factory):
     """The same subset as a FAISS flat KB (dense) and a Milvus Lite KB (hybrid), both built for real."""
-    shared = ROOT.parent / "shared" / "data" / "text"
+    shared = SHARED / "text"
     if not shared.is_dir():
         pytest.skip(f"shared data {shared} is absent")
     tmp = tmp_path_factory.mktemp("milvus")
@@ -205,7 +206,7 @@ def test_other_encoder_or_dimension_is_refused(shared_kbs, tmp_path, monkeypatch
 
 
 def test_table_kb_on_milvus(shared_kbs, tmp_path):
-    tables = ROOT.parent / "shared" / "data" / "table" / "wtq" / "tables"
+    tables = SHARED / "table" / "wtq" / "tables"
     corpus = tmp_path / "tables"
     corpus.mkdir()
     for p in sorted(tables.glob("*.csv"))[:6]:

@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import SHARED
+
 for _k, _v in {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                "TOKENIZERS_PARALLELISM": "false", "TRL_EXPERIMENTAL_SILENCE": "1"}.items():  # fmt: skip
     os.environ.setdefault(_k, _v)
 
 REPO = Path(__file__).resolve().parents[2]
-SHARED = REPO.parent / "shared" / "data"
 PAPER_STEPS = SHARED / "r1router" / "stepgrpo_valid.jsonl"
 COCO = SHARED / "image" / "coco" / "images"
 CPU_GRPO_RECIPE = REPO / "configs" / "train" / "smollm2_grpo_cpu.yaml"
