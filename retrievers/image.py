@@ -97,7 +97,7 @@ class ClipEncoder:
             import open_clip
             import torch
         except ImportError as e:
-            raise ImportError("image/video KBs need open_clip: pip install 'kbrouter[media]' (open_clip_torch)") from e
+            raise ImportError("image/video KBs need open_clip: pip install 'kbrouter[image]' (open_clip_torch)") from e
         open_clip.add_model_config(CLIP_CONFIG_DIR)
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.model, _, self.preprocess = open_clip.create_model_and_transforms(

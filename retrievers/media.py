@@ -38,7 +38,7 @@ def _av():
     try:
         import av
     except ImportError as e:
-        raise ImportError("video decoding needs PyAV: pip install 'kbrouter[media]' (or pip install av)") from e
+        raise ImportError("video decoding needs PyAV: pip install 'kbrouter[video]' (or pip install av)") from e
     return av
 
 

@@ -126,7 +126,7 @@ def detect_cuts(
     try:
         from scenedetect import ContentDetector, FrameTimecode
     except ImportError as e:
-        raise ImportError("clip KBs need PySceneDetect: pip install 'kbrouter[media]' (scenedetect)") from e
+        raise ImportError("clip KBs need PySceneDetect: pip install 'kbrouter[video]' (scenedetect)") from e
     info = probe_video(path)
     detector = ContentDetector(threshold=threshold, min_scene_len=min_scene_frames)
     cuts: list[int] = []
