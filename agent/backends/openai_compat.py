@@ -89,6 +89,7 @@ class OpenAICompatiblePolicy:
         self.url = base_url.rstrip("/") + "/chat/completions"
         key = api_key or os.environ.get("OPENAI_API_KEY", "EMPTY")
         self._client = httpx.Client(timeout=timeout, headers={"Authorization": f"Bearer {key}"})
+        self._status_error = httpx.HTTPStatusError
         self.concurrency, self.retries, self.backoff = concurrency, retries, backoff
 
     def _one(self, messages: list[Message], params: SamplingParams) -> Completion:
@@ -120,7 +121,7 @@ class OpenAICompatiblePolicy:
                 error = f"HTTP {r.status_code}: {r.text[:200]}"
             except Exception as e:  # connection refused, timeout, HTTP 4xx, malformed JSON
                 error = f"{type(e).__name__}: {e}"
-                if "HTTPStatusError" in error:  # a 4xx will not get better by retrying
+                if isinstance(e, self._status_error):  # a 4xx will not get better by retrying
                     break
             if attempt < self.retries:
                 time.sleep(self.backoff * 2**attempt)

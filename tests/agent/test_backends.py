@@ -98,6 +98,39 @@ def test_unreachable_server_gives_error_completion_not_exception():
     assert out.finish_reason == "error" and f"127.0.0.1:{port}" in out.metadata["error"]
 
 
+@pytest.mark.parametrize("status, tries", [(400, 1), (404, 1), (503, 3)])
+def test_a_client_error_is_not_retried_a_server_error_is(status, tries):
+    """4xx: the request is wrong, asking again cannot help; 5xx: the server may recover (retries=2: three tries)."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - the http.server hook name
+            self.rfile.read(int(self.headers["Content-Length"]))
+            seen.append(self.path)
+            self.send_response(status)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"no")
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        p = OpenAICompatiblePolicy(
+            f"http://127.0.0.1:{server.server_port}/v1", "m", retries=2, backoff=0.01, timeout=5
+        )
+        (out,) = p.generate([CONV], SamplingParams())
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert out.finish_reason == "error" and str(status) in out.metadata["error"]
+    assert len(seen) == tries
+
+
 def test_images_travel_as_data_urls(shared_data):
     img = next((shared_data / "image" / "coco" / "images").glob("*.jpg"))
     msgs = [{"role": "user", "content": [{"type": "image", "image": str(img)}, {"type": "text", "text": "what?"}]}]
