@@ -194,6 +194,14 @@ _SQUAD_ARTICLES = re.compile(r"\b(a|an|the)\b")
 _SQUAD_PUNCT = frozenset(string.punctuation)
 
 
+def is_correct(recall: float) -> bool:
+    """The one accuracy rule: an answer is right when its F1-recall of the best gold is 1.
+
+    Eval's `answer/acc` (open questions), the answer reward's `accuracy` rule and synthesis' acceptance all use it.
+    """
+    return recall == 1.0
+
+
 def normalize_answer(text: str) -> str:
     """SQuAD normalisation: lower-case, drop punctuation and the articles a/an/the, collapse whitespace."""
     text = "".join(ch for ch in text.lower() if ch not in _SQUAD_PUNCT)

@@ -75,6 +75,11 @@ class Trajectory:
         if self.stop_reason not in STOP_REASONS:
             raise ValueError(f"stop_reason {self.stop_reason!r} is not one of {STOP_REASONS}")
 
+    @property
+    def retrieval_steps(self) -> tuple[Step, ...]:
+        """The steps that asked a sub-question (the final `None` plan, or a malformed one, retrieved nothing)."""
+        return tuple(s for s in self.steps if s.sub_question is not None)
+
     def to_dict(self) -> dict:
         return {
             "id": self.id,

@@ -26,7 +26,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from agent.metrics import f1_recall, normalize_answer
+from agent.metrics import f1_recall, is_correct, normalize_answer
 from agent.types import Trajectory
 from data_synthesis.config import RejectionSpec
 from retrievers.types import Hit
@@ -48,11 +48,6 @@ MISSING_SUPPORT = "missing_support"
 def answer_score(prediction: str, golds: tuple[str, ...] | list[str]) -> float:
     """F1-recall of the best gold (the paper's metric); 1.0 means the answer is accepted."""
     return f1_recall(prediction, list(golds)).recall
-
-
-def retrieval_steps(traj: Trajectory) -> list:
-    """The steps that asked a sub-question (a final `None` plan step is not a retrieval)."""
-    return [s for s in traj.steps if s.sub_question is not None]
 
 
 def support_keys(hit: Hit) -> set[str]:
@@ -135,9 +130,9 @@ def rejection_reasons(traj: Trajectory, rules: RejectionSpec) -> list[str]:
     reasons = []
     if not traj.final_answer.strip():
         reasons.append("empty_answer")
-    elif answer_score(traj.final_answer, traj.gold or ()) < 1.0:
+    elif not is_correct(answer_score(traj.final_answer, traj.gold or ())):
         reasons.append("wrong_answer")
-    steps = retrieval_steps(traj)
+    steps = traj.retrieval_steps
     supports = traj.metadata.get("gold_support")
     if supports is not None and (len(steps) != len(supports) or any(
             sup is not None and not holds_support(s.hits, sup) for s, sup in zip(steps, supports, strict=True))):  # fmt: skip
@@ -161,7 +156,7 @@ def dedupe_key(traj: Trajectory) -> tuple:
     """What makes two samples of one question the same trajectory: normalised sub-questions, KBs, answers."""
     return (
         tuple(
-            (normalize_answer(s.sub_question or ""), s.kb, normalize_answer(s.answer)) for s in retrieval_steps(traj)
+            (normalize_answer(s.sub_question or ""), s.kb, normalize_answer(s.answer)) for s in traj.retrieval_steps
         ),
         normalize_answer(traj.final_answer),
     )

@@ -29,7 +29,7 @@ import re
 from collections.abc import Iterable, Sequence
 
 from agent.loop import Question
-from agent.metrics import exact_match, f1_recall, normalize_answer, token_f1
+from agent.metrics import exact_match, f1_recall, is_correct, normalize_answer, token_f1
 from agent.types import Trajectory
 from retrievers.types import Hit
 
@@ -63,7 +63,7 @@ def answer_scores(prediction: str, golds: Sequence[str], answer_type: str = "ope
     if answer_type == "yesno":
         acc = float(yes_no(prediction) == normalize_answer(golds[0]))
     else:
-        acc = float(recall == 1.0)
+        acc = float(is_correct(recall))
     return {
         "answer/f1_recall": recall,
         "answer/em": exact_match(prediction, golds),

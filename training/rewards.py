@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
-from agent.metrics import f1_recall
+from agent.metrics import f1_recall, is_correct
 from agent.protocol import AnswerParse, PlanParse, normalize_kb, parse_answer, parse_plan
 from agent.step_records import ANSWER, FINAL, PLAN, STEP_TYPES  # noqa: F401 (one definition, shared)
 from training.embedders import MINILM, Embedder, get_embedder
@@ -186,7 +186,7 @@ def answer_score(answer: str, golds: Sequence[str], rule: str = "paper", short_g
     if rule == "recall":
         return recall
     if rule == "accuracy" or len(golds) != 1 or len(golds[0].split()) <= short_gold_words:
-        return float(recall == 1.0)
+        return float(is_correct(recall))
     return recall
 
 

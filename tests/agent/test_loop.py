@@ -129,6 +129,15 @@ def test_trajectory_json_round_trip():
     assert again.metadata["dataset"] == "x"
 
 
+def test_retrieval_steps_leave_out_the_stop_plan():
+    t = StepAgent(ScriptedPolicy(two_hop_script), kbs(), AgentConfig(few_shot=False)).run_batch(
+        [Question(id="a", question="q", answers=("Paris",))]
+    )[0]
+    assert t.steps[-1].sub_question is None  # the plan that stopped
+    assert [s.index for s in t.retrieval_steps] == [s.index for s in t.steps[:-1]] and len(t.retrieval_steps) >= 1
+    assert all(s.kb is not None and s.hits for s in t.retrieval_steps)
+
+
 def test_prompts_list_configured_kbs_and_few_shot_uses_them():
     convs = []
     policy = ScriptedPolicy(lambda c: convs.append(c) or two_hop_script(c))

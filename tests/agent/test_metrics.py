@@ -10,6 +10,7 @@ from agent.metrics import (
     exact_match,
     expand_infoseek_golds,
     f1_recall,
+    is_correct,
     normalize_answer,
     paper_normalize,
     paper_tokens,
@@ -134,3 +135,8 @@ def test_expanded_infoseek_golds_score_a_number_inside_the_range():
     golds = expand_infoseek_golds([{"wikidata": 1.18, "range": [1.062, 1.298]}])
     assert f1_recall("about 1.2", golds).recall == 1.0  # 1.2 lies in the range
     assert f1_recall("1.5", golds).recall == 0.0  # 1.5 does not
+
+
+def test_is_correct_means_recall_one():
+    assert is_correct(f1_recall("It is Paris.", ["paris"]).recall)
+    assert not is_correct(f1_recall("Paris", ["paris is big"]).recall)  # recall 1/3
