@@ -8,7 +8,6 @@ in the step's `format_errors` and the trajectory's `stop_reason`.
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -27,6 +26,7 @@ from agent.protocol import (
     parse_plan,
     plan_grammar,
     plan_messages,
+    strip_tags,
     with_format_reminder,
 )
 from agent.types import Step, Trajectory
@@ -175,12 +175,6 @@ class _State:
     @property
     def history(self) -> list[tuple[str, str]]:
         return [(s.sub_question, s.answer) for s in self.steps if s.sub_question is not None]
-
-
-def strip_tags(text: str) -> str:
-    """Best-effort answer from a malformed reply: the text without tags, think blocks removed."""
-    text = re.sub(r"<\s*think\s*>.*?<\s*/\s*think\s*>", " ", text, flags=re.IGNORECASE | re.DOTALL)
-    return " ".join(re.sub(r"<[^>]{1,40}>", " ", text).split())
 
 
 class StepAgent:

@@ -29,8 +29,17 @@ from dataclasses import dataclass, field
 
 from agent.backends.base import Completion, Message, Policy, SamplingParams
 from agent.kbs import KnowledgeBase
-from agent.loop import AgentConfig, Question, StepAgent, strip_tags
-from agent.protocol import answer_messages, final_messages, kb_list, parse_answer, render_hits
+from agent.loop import AgentConfig, Question, StepAgent
+from agent.protocol import (
+    answer_messages,
+    final_messages,
+    kb_list,
+    parse_answer,
+    render_hits,
+    ret_content,
+    ret_span,
+    strip_tags,
+)
 from agent.types import Step, Trajectory
 from retrievers.types import Hit, Query
 
@@ -201,10 +210,10 @@ Reply with one name from the list inside <ret></ret>, for example <ret>{example}
 
 def parse_route(text: str, names: Sequence[str]) -> str | None:
     """The KB display name a router completion picks (case-insensitive), or None for `None`/unparsable."""
-    m = re.search(r"<\s*ret\s*>(.*?)(?:<\s*/\s*ret\s*>|$)", text, re.IGNORECASE | re.DOTALL)
-    choice = (m.group(1) if m else text).strip().lower()
+    content = ret_content(text)
+    choice = (text if content is None else content).strip().lower()
     for name in sorted(names, key=len, reverse=True):  # longest first: "Table Retriever" inside "WikiTable ..."
-        if name.lower() == choice or (not m and name.lower() in choice):
+        if name.lower() == choice or (content is None and name.lower() in choice):
             return name
     return None
 
@@ -253,8 +262,8 @@ def router(questions: Sequence[Question], ctx: MethodContext) -> list[Trajectory
 
 
 def _says_none(text: str) -> bool:
-    m = re.search(r"<\s*ret\s*>(.*?)(?:<\s*/\s*ret\s*>|$)", text, re.IGNORECASE | re.DOTALL)
-    return (m.group(1) if m else text).strip().strip(".").lower() == "none"
+    content = ret_content(text)
+    return (text if content is None else content).strip().strip(".").lower() == "none"
 
 
 def _with_meta(t: Trajectory, **extra: object) -> Trajectory:
@@ -406,17 +415,18 @@ class RandomRoutePolicy:
             return outs
         result = []
         for conv, out in zip(conversations, outs, strict=True):
-            m = re.search(r"(<\s*ret\s*>)(.*?)(<\s*/\s*ret\s*>)", out.text, re.IGNORECASE | re.DOTALL)
-            if m and m.group(2).strip().lower() not in {"none", ""}:
+            span = ret_span(out.text)
+            policy_ret = out.text[span[0] : span[1]].strip() if span else ""
+            if span and policy_ret.lower() not in {"none", ""}:
                 key = hashlib.sha256(f"{self.seed}:{json.dumps(conv, sort_keys=True, default=str)}".encode()).digest()
                 choice = random.Random(key).choice(self.kb_names)
-                text = out.text[: m.start(2)] + choice + out.text[m.end(2) :]
+                text = out.text[: span[0]] + choice + out.text[span[1] :]
                 out = Completion(
                     text,
                     out.prompt_tokens,
                     out.completion_tokens,
                     out.finish_reason,
-                    {**out.metadata, "policy_ret": m.group(2).strip()},
+                    {**out.metadata, "policy_ret": policy_ret},
                 )
             result.append(out)
         return result

@@ -31,7 +31,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields, replace
 
 from agent.kbs import KnowledgeBase
-from agent.loop import strip_tags
 from agent.protocol import (
     PromptSettings,
     answer_messages,
@@ -39,6 +38,7 @@ from agent.protocol import (
     parse_answer,
     parse_plan,
     plan_messages,
+    strip_tags,
 )
 from retrievers.types import Hit, Query
 

@@ -40,6 +40,9 @@ from agent.protocol.tags import (
     normalize_kb,
     parse_answer,
     parse_plan,
+    ret_content,
+    ret_span,
+    strip_tags,
 )
 
 __all__ = [
@@ -47,5 +50,5 @@ __all__ = [
     "SUB_QUESTION", "THINK", "AnswerParse", "PlanParse", "PromptSettings", "StepGrammar", "answer_grammar",
     "answer_messages", "check_display_name", "fit_answer", "fit_plan", "final_messages", "format_answer", "format_plan", "history_lines",
     "is_none", "kb_list", "normalize_kb", "parse_answer", "parse_plan", "plan_grammar", "plan_kb_list",
-    "plan_messages", "render_hits", "with_format_reminder", "with_kb_list",
+    "plan_messages", "render_hits", "ret_content", "ret_span", "strip_tags", "with_format_reminder", "with_kb_list",
 ]  # fmt: skip

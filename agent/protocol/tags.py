@@ -43,6 +43,28 @@ _PATTERNS = {t: _tag_re(t) for t in (THINK, SUB_QUESTION, RET, ANSWER)}
 _OPEN = {t: re.compile(rf"<\s*{re.escape(t)}\s*>", re.IGNORECASE) for t in (THINK, SUB_QUESTION, RET, ANSWER)}
 
 
+# `<ret>` up to `</ret>` or the end: a server that stops at `</ret>` drops the stop string
+_RET_OPEN_ENDED = re.compile(rf"<\s*{RET}\s*>(.*?)(?:<\s*/\s*{RET}\s*>|$)", re.IGNORECASE | re.DOTALL)
+
+
+def ret_content(text: str) -> str | None:
+    """The content of the first `<ret>` (closed, or open to the end of the text), unstripped; None without one."""
+    m = _RET_OPEN_ENDED.search(text)
+    return m.group(1) if m else None
+
+
+def ret_span(text: str) -> tuple[int, int] | None:
+    """`(start, end)` of the content of the first closed `<ret>…</ret>`, to replace it in place; None without one."""
+    m = _PATTERNS[RET].search(text)
+    return m.span(1) if m else None
+
+
+def strip_tags(text: str) -> str:
+    """Best-effort answer from a malformed reply: the text without tags, think blocks removed."""
+    text = re.sub(rf"<\s*{THINK}\s*>.*?<\s*/\s*{THINK}\s*>", " ", text, flags=re.IGNORECASE | re.DOTALL)
+    return " ".join(re.sub(r"<[^>]{1,40}>", " ", text).split())
+
+
 def _extract(text: str, tag: str, errors: list[str], required: bool = True) -> str | None:
     """Content of `<tag>…</tag>` stripped, or None (recording why in `errors`)."""
     found = _PATTERNS[tag].findall(text)

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from agent.protocol import FORMAT_ERRORS, parse_answer, parse_plan
+from agent.protocol import FORMAT_ERRORS, parse_answer, parse_plan, ret_content, ret_span, strip_tags
 
 KBS = ["Text Retriever", "Table Retriever", "Image Retriever"]
 
@@ -149,3 +149,16 @@ def test_fuzz_10000_outputs_never_raise_and_every_failure_is_named():
         if a.ok:
             assert a.answer
     assert n_fail > 5_000  # the mutations really produced malformed outputs
+
+
+def test_ret_content_reads_an_open_or_closed_ret_and_ret_span_only_a_closed_one():
+    assert ret_content("<think>t</think><ret> Table Retriever </ret>") == " Table Retriever "
+    assert ret_content("<RET>None") == "None"  # the server dropped the `</ret>` stop string
+    assert ret_content("Table Retriever") is None
+    text = "<ret>Text Retriever</ret>"
+    start, end = ret_span(text)
+    assert text[start:end] == "Text Retriever" and ret_span("<ret>Text Retriever") is None
+
+
+def test_strip_tags_drops_think_blocks_and_tags():
+    assert strip_tags("<think>so it is</think> <answer>Paris</answer>, <b>France</b>") == "Paris , France"
