@@ -9,7 +9,7 @@ from pathlib import Path
 
 from agent.loop import Question
 from agent.types import Trajectory
-from retrievers.jsonl import iter_jsonl_objects
+from retrievers.jsonl import iter_jsonl_objects, write_jsonl_atomic
 
 
 def read_questions(path: str | Path) -> list[Question]:
@@ -133,24 +133,15 @@ def prepare_resume(path: str | Path, retry_errors: bool = True) -> tuple[set[str
     records = list(iter_jsonl(path))
     keep = [r for r in records if not (retry_errors and r.get("stop_reason") in ERROR_STOPS)]
     if len(keep) < len(records):
-        tmp = path.with_name(f".{path.name}.resume-tmp")
-        with tmp.open("w", encoding="utf-8") as f:
-            f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in keep)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        write_jsonl_atomic(path, keep)
     return {r["id"] for r in keep}, len(records) - len(keep)
 
 
 def iter_jsonl(path: str | Path) -> Iterator[dict]:
-    """Records of a JSONL file; a broken line raises naming the file and line."""
-    with Path(path).open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    yield json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from e
+    """Records of a JSONL file (`retrievers.jsonl`'s reader without line numbers); a broken line raises naming the
+    file and line."""
+    for _, row in iter_jsonl_objects(path):
+        yield row
 
 
 def read_trajectories(path: str | Path) -> list[Trajectory]:
@@ -165,11 +156,5 @@ def write_trajectories(path: str | Path, trajectories: Iterable[Trajectory], ove
             for t in trajectories:
                 w.write(t.to_dict())
         return
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with tmp.open("w", encoding="utf-8") as f:
-        f.writelines(json.dumps(t.to_dict(), ensure_ascii=False) + "\n" for t in trajectories)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    write_jsonl_atomic(path, (t.to_dict() for t in trajectories))
