@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from retrievers.config import KBConfig
+from retrievers.jsonl import iter_jsonl_objects
 from retrievers.store import write_index
 from retrievers.types import Doc
 
@@ -122,35 +123,28 @@ def read_tables(corpus: str | Path) -> list[Table]:
                 table.metadata.update({k: page[k] for k in ("url",) if k in page})
             tables.append(table)
         return tables
-    with corpus.open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            if "header" in row:
-                table = Table(
-                    str(row["id"]), [_clean(c) for c in row["header"]], [[_clean(c) for c in r] for r in row["rows"]]
-                )
-            elif "path" in row or "file" in row:
-                table = read_table_file(corpus.parent / row.get("path", row.get("file")))
-                table.id = str(row.get("id", table.id))
-            else:
-                raise ValueError(f"{corpus}:{line_no}: a table line needs `path` (or `file`) or `header` + `rows`")
-            table.title = row.get("title") or row.get("page_title") or table.title
-            table.caption = row.get("caption") or table.caption
-            table.metadata.update(row.get("metadata") or {})  # e.g. provenance written by `kbrouter ingest`
-            tables.append(table)
+    for line_no, row in iter_jsonl_objects(corpus):
+        if "header" in row:
+            table = Table(
+                str(row["id"]), [_clean(c) for c in row["header"]], [[_clean(c) for c in r] for r in row["rows"]]
+            )
+        elif "path" in row or "file" in row:
+            table = read_table_file(corpus.parent / row.get("path", row.get("file")))
+            table.id = str(row.get("id", table.id))
+        else:
+            raise ValueError(f"{corpus}:{line_no}: a table line needs `path` (or `file`) or `header` + `rows`")
+        table.title = row.get("title") or row.get("page_title") or table.title
+        table.caption = row.get("caption") or table.caption
+        table.metadata.update(row.get("metadata") or {})  # e.g. provenance written by `kbrouter ingest`
+        tables.append(table)
     return tables
 
 
 def apply_metadata(tables: list[Table], metadata_file: str | Path, key: str = "table_id") -> None:
     """Fill missing captions/titles from a JSONL keyed by table id (first line per table wins)."""
     meta: dict[str, dict] = {}
-    with Path(metadata_file).open(encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                row = json.loads(line)
-                meta.setdefault(str(row.get(key)), row)
+    for _, row in iter_jsonl_objects(metadata_file):
+        meta.setdefault(str(row.get(key)), row)
     for table in tables:
         row = meta.get(table.id)
         if row:  # upstream metadata has nulls (e.g. TabFact tables without a page title)

@@ -22,13 +22,13 @@ not fit is skipped and counted (logged). Image tokens are not counted: they depe
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from pathlib import Path
 
 from agent.step_records import ANSWER, FINAL, PLAN, STEP_TYPES, StepRecord, records_from_trajectory  # noqa: F401 (re-exported)
 from agent.types import Trajectory
+from retrievers.jsonl import iter_jsonl_objects
 
 logger = logging.getLogger(__name__)
 
@@ -41,15 +41,7 @@ def _read_jsonl(path: str | Path) -> list[dict]:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"training file not found: {path}")
-    rows = []
-    with path.open() as f:
-        for n, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{n}: not valid JSON ({e})") from e
-    return rows
+    return [row for _, row in iter_jsonl_objects(path)]
 
 
 def records_from_paper(row: dict, row_id: str) -> list[StepRecord]:

@@ -34,3 +34,12 @@ def test_reader_names_file_and_line_of_a_broken_line(tmp_path):
     path.write_text('{"id": 1}\n\n{"id": 2,\n', encoding="utf-8")
     with pytest.raises(ValueError, match=r"bad\.jsonl:3: not valid JSON"):
         list(iter_jsonl_objects(path))
+
+
+def test_a_broken_table_corpus_line_is_named(tmp_path):
+    from retrievers.table import read_tables
+
+    corpus = tmp_path / "tables.jsonl"
+    corpus.write_text('{"id": "t1", "header": ["a"], "rows": [["1"]]}\n{"id": "t2", "header": \n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"tables\.jsonl:2: not valid JSON"):
+        read_tables(corpus)
