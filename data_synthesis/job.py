@@ -16,12 +16,10 @@ Work plan, deterministic from the inputs and the recipe:
    seed) and not on when the job was (re)started. With a seeded backend (transformers with a fixed batch split,
    vLLM) a resumed run reproduces an uninterrupted one.
 
-Crash safety (resume at batch granularity): the records of a batch are appended to `trajectories.jsonl`,
-`rejected.jsonl` and `steps.jsonl` and fsync'd, then one line is appended (and fsync'd) to `progress.jsonl` naming
-the batch and the byte size of each output file. That line is the commit. On restart, a torn last line of
-`progress.jsonl` is dropped and each output file is truncated to the sizes of the last committed line, which removes
-both half-written lines and whole records of an uncommitted batch; committed batches are skipped, the rest recomputed.
-`manifest.json` pins the recipe's hash, so resuming into a folder made by another recipe is refused.
+Crash safety (resume at batch granularity): each batch is committed by one line of `progress.jsonl`
+(`data_synthesis.commit_log`); on restart the outputs are rolled back to the last commit, committed batches are
+skipped and the rest recomputed. `manifest.json` pins the recipe's hash, so resuming into a folder made by another
+recipe is refused.
 """
 
 from __future__ import annotations
@@ -29,7 +27,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -38,14 +35,21 @@ from pathlib import Path
 from agent.backends.base import Policy
 from agent.kbs import KnowledgeBase
 from agent.loop import AgentConfig, Question, StepAgent
+from data_synthesis.commit_log import (
+    MANIFEST,
+    OUTPUTS,
+    PROGRESS,
+    SKIPPED,
+    append_lines,
+    atomic_write,
+    dumps_line,
+    restore,
+)
 from data_synthesis.config import ANNOTATION, SynthConfig
 from data_synthesis.inputs import Skip, read_inputs
 from data_synthesis.rejection import judge_group
 
 logger = logging.getLogger(__name__)
-
-OUTPUTS = ("trajectories.jsonl", "rejected.jsonl", "steps.jsonl")
-PROGRESS, MANIFEST, SKIPPED = "progress.jsonl", "manifest.json", "skipped.jsonl"
 
 
 def shard_of(question_id: str, num_shards: int) -> int:
@@ -66,60 +70,6 @@ def shard_dir(cfg: SynthConfig) -> Path:
 
 def plan_batches(questions: Sequence[Question], questions_per_batch: int) -> list[list[Question]]:
     return [list(questions[i : i + questions_per_batch]) for i in range(0, len(questions), questions_per_batch)]
-
-
-def atomic_write(path: Path, text: str) -> None:
-    """Write a whole file under a temporary name, fsync, rename."""
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    with tmp.open("w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
-
-
-def read_progress(folder: Path) -> list[dict]:
-    """Committed batch lines of `progress.jsonl`; a torn last line (a crash mid-commit) is dropped from disk too."""
-    path = folder / PROGRESS
-    if not path.exists():
-        return []
-    data = path.read_bytes()
-    keep = data.rfind(b"\n") + 1
-    if keep != len(data):
-        logger.warning("%s: dropping a torn last line (%d bytes)", path, len(data) - keep)
-        with path.open("r+b") as f:
-            f.truncate(keep)
-    return [json.loads(line) for line in data[:keep].decode("utf-8").splitlines() if line.strip()]
-
-
-def restore(folder: Path) -> list[dict]:
-    """Roll the outputs back to the last commit; returns the committed progress lines."""
-    progress = read_progress(folder)
-    sizes = progress[-1]["sizes"] if progress else {}
-    for name in OUTPUTS:
-        path = folder / name
-        size = int(sizes.get(name, 0))
-        if path.exists() and path.stat().st_size != size:
-            if path.stat().st_size < size:
-                raise RuntimeError(f"{path} is shorter ({path.stat().st_size} bytes) than its last commit ({size}); "
-                                   "the output folder was modified outside the job; start a new output_dir")  # fmt: skip
-            logger.info("%s: dropping %d uncommitted bytes", path, path.stat().st_size - size)
-            with path.open("r+b") as f:
-                f.truncate(size)
-    return progress
-
-
-def _append(path: Path, lines: list[str]) -> int:
-    with path.open("ab") as f:
-        if lines:
-            f.write("".join(lines).encode("utf-8"))
-        f.flush()
-        os.fsync(f.fileno())
-        return f.tell()
-
-
-def _dumps(record: dict) -> str:
-    return json.dumps(record, ensure_ascii=False) + "\n"
 
 
 def load_kbs(cfg: SynthConfig) -> dict[str, KnowledgeBase]:
@@ -215,7 +165,7 @@ def run_synthesis(cfg: SynthConfig, policy: Policy | None = None, kbs: dict[str,
     else:
         atomic_write(mpath, json.dumps(manifest, indent=2))
         atomic_write(folder / "config.json", json.dumps(cfg.to_dict(), indent=2, default=str))
-    atomic_write(folder / SKIPPED, "".join(_dumps(s.to_dict()) for s in skips))
+    atomic_write(folder / SKIPPED, "".join(dumps_line(s.to_dict()) for s in skips))
 
     progress = restore(folder)
     for p in progress:
@@ -260,20 +210,20 @@ def run_synthesis(cfg: SynthConfig, policy: Policy | None = None, kbs: dict[str,
                         d = traj.to_dict()
                         if v.accepted:
                             n_acc += 1
-                            lines["trajectories.jsonl"].append(_dumps(d))
-                            lines["steps.jsonl"] += [_dumps(r) for r in step_records(traj, kb_menu, display_names)]
+                            lines["trajectories.jsonl"].append(dumps_line(d))
+                            lines["steps.jsonl"] += [dumps_line(r) for r in step_records(traj, kb_menu, display_names)]
                         else:
-                            lines["rejected.jsonl"].append(_dumps({
+                            lines["rejected.jsonl"].append(dumps_line({
                                 "id": traj.id, "question_id": traj.metadata["question_id"],
                                 "dataset": traj.metadata.get("dataset", ""), "sample": traj.metadata["sample"],
                                 "reasons": list(v.reasons), "score": v.score, "trajectory": d,
                             }))  # fmt: skip
-                sizes = {name: _append(folder / name, lines[name]) for name in OUTPUTS}
+                sizes = {name: append_lines(folder / name, lines[name]) for name in OUTPUTS}
                 seconds = time.perf_counter() - t0
                 commit = {"batch": b, "ids": [q.id for q in batches[b]], "trajectories": len(trajectories),
                           "accepted": n_acc, "seconds": round(seconds, 3), "sizes": sizes,
                           "teacher_failures": (policy.failures - failures0) if annotator is None else 0}  # fmt: skip
-                _append(folder / PROGRESS, [_dumps(commit)])  # the commit point
+                append_lines(folder / PROGRESS, [dumps_line(commit)])  # the commit point
                 progress.append(commit)
                 accepted += n_acc
                 bar.set_postfix(accepted=accepted, traj_per_min=f"{60 * len(trajectories) / max(seconds, 1e-9):.1f}")

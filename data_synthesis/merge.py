@@ -12,7 +12,7 @@ import logging
 import re
 from pathlib import Path
 
-from data_synthesis.job import MANIFEST, OUTPUTS, PROGRESS, SKIPPED, atomic_write, read_progress
+from data_synthesis.commit_log import MANIFEST, OUTPUTS, PROGRESS, SKIPPED, atomic_write, read_progress
 from data_synthesis.summary import finalize
 
 logger = logging.getLogger(__name__)

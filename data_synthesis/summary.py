@@ -228,7 +228,7 @@ def summary_markdown(s: dict) -> str:
 
 def finalize(folder: Path, m: int, export_format: str = "parquet") -> dict:
     """Write `summary.json`, `summary.md` and the `datasets` export of an output folder; returns the summary."""
-    from data_synthesis.job import PROGRESS, SKIPPED, atomic_write
+    from data_synthesis.commit_log import PROGRESS, SKIPPED, atomic_write
     from data_synthesis.records import export_dataset
 
     folder = Path(folder)

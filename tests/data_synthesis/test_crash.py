@@ -14,8 +14,9 @@ import pytest
 from scripted import ScriptedPolicy, fake_kbs
 
 import data_synthesis.job as job
+from data_synthesis.commit_log import OUTPUTS, PROGRESS, SKIPPED
 from data_synthesis.config import SynthConfig
-from data_synthesis.job import OUTPUTS, PROGRESS, SKIPPED, run_synthesis
+from data_synthesis.job import run_synthesis
 
 CASES = ("ok", "vary", "wrong", "format", "long", "backend", "unsupported", "empty")
 HERE = Path(__file__).resolve().parent
@@ -104,7 +105,7 @@ def test_uncommitted_batch_and_torn_lines_are_rolled_back(tmp_path, reference, m
     _questions(tmp_path / "q.jsonl")
     cfg = SynthConfig(**_config(tmp_path, "out"))
     out = tmp_path / "out"
-    real_append = job._append
+    real_append = job.append_lines
     calls = {"n": 0}
 
     class Crash(Exception):
@@ -117,10 +118,10 @@ def test_uncommitted_batch_and_torn_lines_are_rolled_back(tmp_path, reference, m
                 raise Crash
         return real_append(path, lines)
 
-    monkeypatch.setattr(job, "_append", crashing_append)
+    monkeypatch.setattr(job, "append_lines", crashing_append)
     with pytest.raises(Crash):
         run_synthesis(cfg, policy=ScriptedPolicy(), kbs=fake_kbs())
-    monkeypatch.setattr(job, "_append", real_append)
+    monkeypatch.setattr(job, "append_lines", real_append)
     assert _committed(out) == 2
     # and a crash mid-line on top: half a record and half a commit line
     with (out / "trajectories.jsonl").open("a") as f:
@@ -134,7 +135,7 @@ def test_uncommitted_batch_and_torn_lines_are_rolled_back(tmp_path, reference, m
 def test_ctrl_c_says_how_many_questions_were_committed(tmp_path, reference, monkeypatch):
     _questions(tmp_path / "q.jsonl")
     cfg = SynthConfig(**_config(tmp_path, "out"))
-    real_append = job._append
+    real_append = job.append_lines
     calls = {"n": 0}
 
     def interrupted_append(path: Path, lines: list[str]) -> int:
@@ -146,9 +147,9 @@ def test_ctrl_c_says_how_many_questions_were_committed(tmp_path, reference, monk
                 raise KeyboardInterrupt
         return real_append(path, lines)
 
-    monkeypatch.setattr(job, "_append", interrupted_append)
+    monkeypatch.setattr(job, "append_lines", interrupted_append)
     with pytest.raises(KeyboardInterrupt, match=rf"^4 of {2 * len(CASES)} questions done \(committed batches in "):
         run_synthesis(cfg, policy=ScriptedPolicy(), kbs=fake_kbs())
-    monkeypatch.setattr(job, "_append", real_append)
+    monkeypatch.setattr(job, "append_lines", real_append)
     run_synthesis(cfg, policy=ScriptedPolicy(), kbs=fake_kbs())
     assert snapshot(tmp_path / "out") == reference

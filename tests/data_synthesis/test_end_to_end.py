@@ -12,7 +12,7 @@ import yaml
 
 from agent.types import Trajectory
 from data_synthesis.cli import main
-from data_synthesis.job import OUTPUTS
+from data_synthesis.commit_log import OUTPUTS
 
 ROOT = Path(__file__).resolve().parents[2]
 N_QUESTIONS = 20

@@ -10,8 +10,9 @@ from scripted import ScriptedPolicy, fake_kbs
 from test_crash import _questions, _strip
 
 from data_synthesis.cli import merge_main
+from data_synthesis.commit_log import OUTPUTS
 from data_synthesis.config import SynthConfig
-from data_synthesis.job import OUTPUTS, run_synthesis, shard_of
+from data_synthesis.job import run_synthesis, shard_of
 from data_synthesis.merge import merge_shards
 
 
