@@ -71,9 +71,13 @@ class AgentConfig:
     max_retries: int = field(default=1, metadata={"help": "re-asks after a malformed reply, per step"})
     # Token budgets per step. Constrained steps size their grammar to close within them (an early end-of-sequence
     # makes the usual step far shorter, so a generous budget costs nothing); unconstrained steps stop at the tag.
-    plan_tokens: int = 448
-    answer_tokens: int = 256
-    final_tokens: int = 256
+    # The grammar bounds each field at 2 tokens a character (worst case), so a budget buys half as many characters:
+    # at 448/256/256 a final step's <think> got 55 characters and cut the shipped router's answers mid-word
+    # ("Casuarina" -> "Casuarë"); 640/512/512 leave the greedy output of 61 of 62 sampled scoreboard steps as free
+    # decoding writes it (24/31 plan, 25/31 final at 448/256).
+    plan_tokens: int = 640
+    answer_tokens: int = 512
+    final_tokens: int = 512
     constrained: str = field(
         default="auto",
         metadata={
