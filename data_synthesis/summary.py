@@ -15,6 +15,8 @@ import logging
 from collections import Counter, defaultdict
 from pathlib import Path
 
+from retrievers.jsonl import iter_jsonl_objects
+
 logger = logging.getLogger(__name__)
 
 
@@ -23,10 +25,8 @@ def _rate(a: int, n: int) -> float:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    with path.open(encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """The records of a JSONL output file of the job, [] when it does not exist."""
+    return [row for _, row in iter_jsonl_objects(path)] if path.exists() else []
 
 
 def _groups(everything: list[tuple[dict, bool]], rejected: list[dict], key: str) -> dict:
