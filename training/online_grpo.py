@@ -20,7 +20,6 @@ global step and a clear error: a reward computed without evidence is never used.
 from __future__ import annotations
 
 import collections
-import json
 import logging
 import math
 import random
@@ -28,6 +27,7 @@ import time
 from pathlib import Path
 
 from agent.protocol import parse_answer, parse_plan
+from retrievers.jsonl import iter_jsonl_objects
 from retrievers.types import Hit  # noqa: F401 (documented type of the rollout evidence)
 from training.config import StepGRPOConfig
 from training.rollouts import (
@@ -79,7 +79,7 @@ def question_from_row(row: dict, names: dict[str, str], where: str) -> OnlineQue
             return None
         answers = tuple(traj.gold or ())
         gold = tuple(GoldStep(s.sub_question, _gold_kb(s.kb or "", names, where), s.answer)
-                     for s in traj.steps if s.sub_question is not None)  # fmt: skip
+                     for s in traj.retrieval_steps)  # fmt: skip
         qid, question, images = traj.id, traj.question, tuple(traj.images)
     elif "question" in row:
         answers = tuple(str(a) for a in (row.get("answers") or row.get("golden_answers") or ()))
@@ -113,19 +113,12 @@ def load_online_questions(cfg: StepGRPOConfig, names: dict[str, str]) -> list[On
     if not path.is_file():
         raise FileNotFoundError(f"training file not found: {path}")
     out, skipped_images = [], 0
-    with path.open() as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{n}: not valid JSON ({e})") from e
-            q = question_from_row(row, names, f"{path}:{n}")
-            if q is not None and q.images:
-                skipped_images += 1
-            elif q is not None:
-                out.append(q)
+    for n, row in iter_jsonl_objects(path):
+        q = question_from_row(row, names, f"{path}:{n}")
+        if q is not None and q.images:
+            skipped_images += 1
+        elif q is not None:
+            out.append(q)
     if skipped_images:  # the policy would need the pixels threaded through TRL's forward pass too
         logger.warning("skipped %d image questions of %s: online rollouts take text questions in this version",
                        skipped_images, path)  # fmt: skip
@@ -456,7 +449,7 @@ def build_online_grpo_trainer(cfg: StepGRPOConfig):
     import datasets
 
     from agent.kbs import load_knowledge_bases
-    from training.trainers import is_vision_language, load_policy, load_processing_class, resolve_model_path
+    from training.trainers import is_vision_language, load_processing_class, make_trainer, resolve_model_path
 
     settings = cfg.online_settings()
     kb_file = Path(settings.kb)
@@ -476,18 +469,10 @@ def build_online_grpo_trainer(cfg: StepGRPOConfig):
         "question_index": list(range(len(questions))),
     })  # fmt: skip
     logger.info("online Step-GRPO on %d questions, KBs %s, G=%d", len(questions), list(kbs), cfg.num_generations)
-    model = load_policy(model_path, cfg.model_dtype, cfg.init_adapter)
     cfg.reward_weights = [*[s.weight for s in cfg.reward_specs()], settings.outcome_weight]
     online = OnlineRun(settings, kbs, questions, rewards)
-    trainer = online_trainer_class()(
-        model=model,
-        reward_funcs=rewards,
-        args=cfg,
-        train_dataset=ds,
-        processing_class=processing_class,
-        peft_config=cfg.lora_config(),
-        rollout_func=online.rollout_func,
-    )
+    trainer = make_trainer(online_trainer_class(), cfg, model_path, processing_class, ds, reward_funcs=rewards,
+                           rollout_func=online.rollout_func)  # fmt: skip
     trainer.online = online
     trainer.add_callback(timing_callback(trainer))
     return trainer

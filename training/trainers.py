@@ -136,56 +136,55 @@ def build_datasets(cfg: StepDataArgs, processing_class, train: list[StepRecord],
     return train_ds, eval_ds
 
 
+def step_datasets(cfg: StepDataArgs):
+    """The recipe's train (and eval) step records as datasets, tokenised by the policy's processing class.
+
+    Returns `(model_path, processing_class, train_ds, eval_ds)`; no model loads, so data errors come first.
+    """
+    train = load_records(cfg, cfg.train_file)
+    evals = load_records(cfg, cfg.eval_file) if cfg.eval_file else None
+    model_path = resolve_model_path(cfg.model_name_or_path)
+    processing_class = load_processing_class(model_path)
+    train_ds, eval_ds = build_datasets(cfg, processing_class, train, evals)
+    return model_path, processing_class, train_ds, eval_ds
+
+
+def make_trainer(trainer_cls, cfg, model_path: str, processing_class, train_dataset, **kwargs):
+    """Load the policy (base model + `init_adapter`), then build `trainer_cls` on it with the recipe's args and LoRA.
+
+    `kwargs` go to the trainer as they are (`reward_funcs`, `eval_dataset`, `rollout_func`, ...).
+    """
+    model = load_policy(model_path, cfg.model_dtype, cfg.init_adapter)
+    return trainer_cls(model=model, args=cfg, train_dataset=train_dataset, processing_class=processing_class,
+                       peft_config=cfg.lora_config(), **kwargs)  # fmt: skip
+
+
 def build_grpo_trainer(cfg: StepGRPOConfig):
     """Step-GRPO: `trl.GRPOTrainer` over step prompts with the recipe's rewards."""
     from trl import GRPOTrainer
 
-    train = load_records(cfg, cfg.train_file)
-    evals = load_records(cfg, cfg.eval_file) if cfg.eval_file else None
+    model_path, processing_class, train_ds, eval_ds = step_datasets(cfg)
     rewards = build_rewards(cfg)
     if cfg.step_types and set(cfg.step_types) == {PLAN}:
         logger.info("plan steps only: the answer reward will be None (not applicable) on every row")
-    model_path = resolve_model_path(cfg.model_name_or_path)
-    processing_class = load_processing_class(model_path)
-    train_ds, eval_ds = build_datasets(cfg, processing_class, train, evals)
     train_ds = train_ds.remove_columns("completion")
     eval_ds = eval_ds.remove_columns("completion") if eval_ds is not None else None
     logger.info("Step-GRPO on %d step prompts (%s)", len(train_ds), dict(_count(train_ds["step_type"])))
-    model = load_policy(model_path, cfg.model_dtype, cfg.init_adapter)
-    return GRPOTrainer(
-        model=model,
-        reward_funcs=rewards,
-        args=cfg,
-        train_dataset=train_ds,
-        eval_dataset=eval_ds,
-        processing_class=processing_class,
-        peft_config=cfg.lora_config(),
-    )
+    return make_trainer(GRPOTrainer, cfg, model_path, processing_class, train_ds, eval_dataset=eval_ds,
+                        reward_funcs=rewards)  # fmt: skip
 
 
 def build_sft_trainer(cfg: StepSFTConfig):
     """SFT on step records: prompt + gold completion written with the step's tags (loss on the completion)."""
     from training.decision_loss import DecisionWeightedSFTTrainer
 
-    train = load_records(cfg, cfg.train_file)
-    evals = load_records(cfg, cfg.eval_file) if cfg.eval_file else None
-    model_path = resolve_model_path(cfg.model_name_or_path)
-    processing_class = load_processing_class(model_path)
-    train_ds, eval_ds = build_datasets(cfg, processing_class, train, evals)
+    model_path, processing_class, train_ds, eval_ds = step_datasets(cfg)
     keep = ["prompt", "completion"] + (["images"] if "images" in train_ds.column_names else [])
     train_ds = train_ds.select_columns(keep)
     eval_ds = eval_ds.select_columns(keep) if eval_ds is not None else None
     logger.info("SFT on %d step examples", len(train_ds))
-    model = load_policy(model_path, cfg.model_dtype, cfg.init_adapter)
-    return DecisionWeightedSFTTrainer(
-        model=model,
-        args=cfg,
-        train_dataset=train_ds,
-        eval_dataset=eval_ds,
-        processing_class=processing_class,
-        peft_config=cfg.lora_config(),
-        decision_weight=cfg.decision_weight,
-    )
+    return make_trainer(DecisionWeightedSFTTrainer, cfg, model_path, processing_class, train_ds, eval_dataset=eval_ds,
+                        decision_weight=cfg.decision_weight)  # fmt: skip
 
 
 def _count(values: list[str]) -> dict:
