@@ -79,8 +79,8 @@ class StepDataArgs:
     max_per_dataset: dict | None = field(
         default=None,
         metadata={
-            "help": "At most N records from each source dataset (`metadata.dataset`), `\"*\"` for the others, "
-            "e.g. {clip_notes: 240, \"*\": 30}: a focused stage that still replays the rest. Applied per step type."
+            "help": 'At most N records from each source dataset (`metadata.dataset`), `"*"` for the others, '
+            'e.g. {clip_notes: 240, "*": 30}: a focused stage that still replays the rest. Applied per step type.'
         },
     )
     sample_seed: int | None = field(
