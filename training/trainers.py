@@ -331,9 +331,35 @@ def throughput_callback():
     return ThroughputCallback()
 
 
+def finished_at(checkpoint: str | Path, max_steps: int) -> int | None:
+    """The checkpoint's global step when it already is the run's last one (`max_steps`, else the step count the run
+    had planned, saved in its `trainer_state.json`), else None."""
+    import json
+
+    state = json.loads((Path(checkpoint) / "trainer_state.json").read_text(encoding="utf-8"))
+    target = max_steps if max_steps and max_steps > 0 else int(state.get("max_steps") or 0)
+    step = int(state.get("global_step") or 0)
+    return step if target > 0 and step >= target else None
+
+
 def train(trainer, cfg) -> dict:
-    """Train (resuming when asked), save the final model, return the final metrics."""
+    """Train (resuming when asked), save the final model, return the final metrics.
+
+    A run killed after its last checkpoint but before the final save is finished from that checkpoint: its weights
+    are saved as they are. (`Trainer.train` resumed at `global_step == max_steps` trains one step more: measured by
+    benchmarks/chaos_kill9.py, 7 steps for `max_steps: 6`.)
+    """
+    from transformers import TrainerState
+
     trainer.add_callback(throughput_callback())
-    result = trainer.train(resume_from_checkpoint=resume_checkpoint(cfg))
+    checkpoint = resume_checkpoint(cfg)
+    step = finished_at(checkpoint, getattr(cfg, "max_steps", -1)) if checkpoint else None
+    if step is not None:
+        logger.info("%s is the run's last step (%d): nothing left to train, saving its weights", checkpoint, step)
+        trainer._load_from_checkpoint(checkpoint)  # weights only (a LoRA adapter or the full model)
+        trainer.state = TrainerState.load_from_json(str(Path(checkpoint) / "trainer_state.json"))
+        trainer.save_model(cfg.output_dir)
+        return {"global_step": step, "resumed_finished_checkpoint": checkpoint}
+    result = trainer.train(resume_from_checkpoint=checkpoint)
     trainer.save_model(cfg.output_dir)
     return dict(result.metrics)

@@ -66,3 +66,19 @@ def test_the_newest_complete_checkpoint_wins_and_none_means_from_scratch(tmp_pat
     _checkpoint(tmp_path, 100)  # numeric order, not string order
     assert resume_checkpoint(_cfg(tmp_path)) == str(tmp_path / "checkpoint-100")
     assert resume_checkpoint(_cfg(tmp_path, "false")) is None
+
+
+def test_a_checkpoint_at_the_last_step_is_finished_not_trained_on(tmp_path: Path) -> None:
+    # Trainer.train resumed at global_step == max_steps trains one step more (chaos_kill9: 7 steps for max_steps 6)
+    import json
+
+    from training.trainers import finished_at
+
+    ckpt = tmp_path / "checkpoint-6"
+    ckpt.mkdir()
+    (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": 6, "max_steps": 6}))
+    assert finished_at(ckpt, 6) == 6
+    assert finished_at(ckpt, -1) == 6  # epoch-based run: the step count it had planned
+    assert finished_at(ckpt, 10) is None  # the recipe now asks for more steps: train on
+    (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": 5, "max_steps": 6}))
+    assert finished_at(ckpt, -1) is None
