@@ -32,14 +32,8 @@ def load_records(cfg: StepDataArgs, path: str) -> list[StepRecord]:
         random.Random(cfg.sample_seed).shuffle(records)
     if cfg.max_per_dataset:
         records = _cap_per_dataset(records, cfg.max_per_dataset)
-    if cfg.max_per_step_type:
-        seen: dict[str, int] = {}
-        kept = []
-        for r in records:
-            seen[r.step_type] = seen.get(r.step_type, 0) + 1
-            if seen[r.step_type] <= cfg.max_per_step_type.get(r.step_type, 0):
-                kept.append(r)
-        records = kept
+    if cfg.max_per_step_type:  # a step type left out of the caps gets none
+        records = _cap(records, lambda r: r.step_type, lambda r: cfg.max_per_step_type.get(r.step_type, 0))
     if cfg.max_train_samples is not None:
         kept = [r for r in records if not cfg.step_types or r.step_type in cfg.step_types]
         records = kept[: cfg.max_train_samples]
@@ -48,18 +42,26 @@ def load_records(cfg: StepDataArgs, path: str) -> list[StepRecord]:
     return records
 
 
-def _cap_per_dataset(records: list[StepRecord], caps: dict) -> list[StepRecord]:
-    """Keep at most `caps[dataset]` (else `caps["*"]`, else all) records of each (dataset, step type), in order."""
-    seen: dict[tuple, int] = {}
+def _cap(records: list[StepRecord], key, cap) -> list[StepRecord]:  # noqa: ANN001 - record -> key / limit
+    """Keep the records in order, at most `cap(r)` (None = no limit) of each `key(r)`."""
+    seen: dict = {}
     kept = []
     for r in records:
-        dataset = r.metadata.get("dataset", "")
-        key = (dataset, r.step_type)
-        seen[key] = seen.get(key, 0) + 1
-        cap = caps.get(dataset, caps.get("*"))
-        if cap is None or seen[key] <= cap:
+        k = key(r)
+        seen[k] = seen.get(k, 0) + 1
+        limit = cap(r)
+        if limit is None or seen[k] <= limit:
             kept.append(r)
     return kept
+
+
+def _cap_per_dataset(records: list[StepRecord], caps: dict) -> list[StepRecord]:
+    """Keep at most `caps[dataset]` (else `caps["*"]`, else all) records of each (dataset, step type), in order."""
+
+    def dataset(r: StepRecord) -> str:
+        return r.metadata.get("dataset", "")
+
+    return _cap(records, lambda r: (dataset(r), r.step_type), lambda r: caps.get(dataset(r), caps.get("*")))
 
 
 def build_rewards(cfg: StepGRPOConfig) -> list[RewardFunc]:
