@@ -39,10 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
 
     from retrievers.config import KBConfig
-    from retrievers.image import MediaRetriever, build_image_kb, load_image_kb
-    from retrievers.kb import KB_KINDS, KBKind, build_kb, load_kb
+    from retrievers.kb import build_kb, load_kb
+    from retrievers.media_retriever import MediaRetriever
 
-    KB_KINDS.setdefault("image", KBKind(build_image_kb, load_image_kb, ("image",), "dense"))
     rows = [json.loads(line) for line in (args.coco / "images.jsonl").open()]
     rows = [r for r in rows if len(r["captions"]) >= args.folds]
     n = len(rows)

@@ -30,6 +30,26 @@ ENCODER_BACKENDS = ("sentence-transformers", "flagembedding")
 FIX_INDEX = "kbrouter index --kb {file} --force"
 
 
+@dataclass(frozen=True)
+class KindDefaults:
+    """What a config of one KB kind may say and leaves out: its granularities (the first is the default) and its
+    default search mode."""
+
+    granularities: tuple[str, ...]
+    search: str
+
+
+# One entry per key of `retrievers.kb.KB_KINDS` (which maps a kind to its builder and loader); kept here so that
+# validating a config needs no builder, and this module imports nothing that imports it back.
+KIND_DEFAULTS: dict[str, KindDefaults] = {
+    "text": KindDefaults(("paragraph", "document"), "hybrid"),
+    "table": KindDefaults(("table",), "hybrid"),
+    "image": KindDefaults(("image",), "dense"),
+    "clip": KindDefaults(("clip",), "dense"),
+    "video": KindDefaults(("video",), "dense"),
+}
+
+
 def read_text(path: str | os.PathLike) -> str:
     """A text file's contents as UTF-8.
 
@@ -104,11 +124,11 @@ def _resolve(path: str | os.PathLike, base: Path | None) -> Path:
 class KBConfig:
     """One knowledge base: what it holds, how it is embedded and indexed, and where the index lives.
 
-    Kind-specific defaults (`granularity`, `search`) are resolved from `retrievers.kb.KB_KINDS`.
+    Kind-specific defaults (`granularity`, `search`) are resolved from `KIND_DEFAULTS`.
     """
 
     name: str = field(metadata={"help": "Identifier used in code, in `Hit.kb` and in `Doc.kb`."})
-    kind: str = field(metadata={"help": "KB kind, a key of `retrievers.kb.KB_KINDS` (e.g. `text`, `table`)."})
+    kind: str = field(metadata={"help": "KB kind, a key of `KIND_DEFAULTS` (e.g. `text`, `table`)."})
     corpus: str | Path = field(metadata={"help": "Corpus file or folder (JSONL passages, table folder/JSONL)."})
     display_name: str = field(default="", metadata={"help": "What the policy writes in `<ret>`; default: name."})
     description: str = field(default="", metadata={"help": "One line for the policy's system prompt."})
@@ -160,15 +180,13 @@ class KBConfig:
     source_file: str = field(default="", compare=False, metadata={"help": "YAML file it came from (set by loader)."})
 
     def __post_init__(self) -> None:
-        from retrievers.kb import KB_KINDS  # the kinds registry imports this module
-
         if not self.name or not isinstance(self.name, str):
             raise ValueError(f"`name` must be a non-empty string, got {self.name!r}")
-        if self.kind not in KB_KINDS:
+        if self.kind not in KIND_DEFAULTS:
             raise ValueError(
-                f"KB {self.name!r}: unknown `kind` {self.kind!r}; valid kinds: {', '.join(sorted(KB_KINDS))}"
+                f"KB {self.name!r}: unknown `kind` {self.kind!r}; valid kinds: {', '.join(sorted(KIND_DEFAULTS))}"
             )
-        spec = KB_KINDS[self.kind]
+        spec = KIND_DEFAULTS[self.kind]
         self.display_name = self.display_name or self.name
         self.granularity = self.granularity or spec.granularities[0]
         if self.granularity not in spec.granularities:
@@ -177,7 +195,7 @@ class KBConfig:
                 f"use one of {', '.join(spec.granularities)}"
             )
         assert self.granularity in GRANULARITIES, self.granularity
-        self.search = self.search or spec.default_search
+        self.search = self.search or spec.search
         for key, value, valid in (
             ("search", self.search, SEARCH_MODES),
             ("index", self.index, INDEX_TYPES),

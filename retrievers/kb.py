@@ -1,6 +1,7 @@
 """Building and loading knowledge bases: `build_kb` writes an index folder, `load_kb` reads it back.
 
-`KB_KINDS` is the one place that maps a config `kind` to its builder and loader; a new modality adds one entry.
+`KB_KINDS` is the one place that maps a config `kind` to its builder and loader; a new modality adds one entry here
+and one in `retrievers.config.KIND_DEFAULTS` (its granularities and default search).
 An index folder is complete only once `manifest.json` exists (it is written last, by rename), and it is reused
 only while the manifest matches the config and the corpus bytes, and its files match the sizes, checksums and
 document count the manifest records (`retrievers.integrity`): a corrupt index is rebuilt by `build_kb` and refused,
@@ -39,20 +40,18 @@ LoadFn = Callable[[KBConfig], Retriever]
 
 @dataclass(frozen=True)
 class KBKind:
-    """How one kind of KB is built and loaded, and which granularities and default search it has."""
+    """How one kind of KB is built and loaded (its config defaults are `retrievers.config.KIND_DEFAULTS`)."""
 
     build: BuildFn
     load: LoadFn
-    granularities: tuple[str, ...]
-    default_search: str
 
 
 KB_KINDS: dict[str, KBKind] = {
-    "text": KBKind(build_text_index, IndexedRetriever.load, ("paragraph", "document"), "hybrid"),
-    "table": KBKind(build_table_index, IndexedRetriever.load, ("table",), "hybrid"),
-    "image": KBKind(build_image_kb, load_image_kb, ("image",), "dense"),
-    "clip": KBKind(build_clip_kb, load_clip_kb, ("clip",), "dense"),
-    "video": KBKind(build_video_kb, load_video_kb, ("video",), "dense"),
+    "text": KBKind(build_text_index, IndexedRetriever.load),
+    "table": KBKind(build_table_index, IndexedRetriever.load),
+    "image": KBKind(build_image_kb, load_image_kb),
+    "clip": KBKind(build_clip_kb, load_clip_kb),
+    "video": KBKind(build_video_kb, load_video_kb),
 }
 
 # Manifest fields that must match the config for an index to be reused; query-time settings (k, nprobe,
@@ -252,8 +251,9 @@ def load_kb(cfg: KBConfig) -> Retriever:
         )
     if cfg.index == "milvus":
         from retrievers.milvus import MilvusRetriever
+        from retrievers.store import encoder_for  # looked up at call time: tests swap the encoder
 
-        return MilvusRetriever.load(cfg)
+        return MilvusRetriever.load(cfg, encoder_for(cfg) if cfg.search != "bm25" else None)
     return KB_KINDS[cfg.kind].load(cfg)
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from retrievers.config import KBConfig
+from retrievers.encoders import Encoder, normalize
 from retrievers.types import Doc, Hit, Query, text_queries
 
 logger = logging.getLogger(__name__)
@@ -305,8 +306,6 @@ def sync_collection(
 
 def _unit_vectors(batch: list[int], texts_of: list[list[int]], embed_texts: list[str], encode) -> np.ndarray:  # noqa: ANN001
     """One unit vector per doc of `batch`: its text's vector, or the renormalised mean of its texts' vectors."""
-    from retrievers.encoders import normalize
-
     flat = [t for i in batch for t in texts_of[i]]
     vectors = np.asarray(encode([embed_texts[t] for t in flat]), dtype=np.float32)
     owner = np.repeat(np.arange(len(batch)), [len(texts_of[i]) for i in batch])
@@ -347,13 +346,16 @@ class MilvusRetriever:
         self._encoder = encoder
 
     @classmethod
-    def load(cls, cfg: KBConfig) -> MilvusRetriever:
-        """Open the KB's collection (the caller checked it against the manifest first)."""
-        from retrievers.store import encoder_for
+    def load(cls, cfg: KBConfig, encoder: Encoder | None) -> MilvusRetriever:
+        """Open the KB's collection (the caller checked it against the manifest first).
 
+        Args:
+            cfg: the KB.
+            encoder: embeds the queries (`retrievers.store.encoder_for(cfg)`); None for a BM25-only KB.
+        """
         client = connect(cfg.uri)
         client.load_collection(cfg.collection, timeout=REQUEST_TIMEOUT_S)
-        return cls(cfg, client, encoder_for(cfg) if cfg.search != "bm25" else None)
+        return cls(cfg, client, encoder)
 
     def __len__(self) -> int:
         return self._client.get_collection_stats(self.cfg.collection, timeout=REQUEST_TIMEOUT_S)["row_count"]

@@ -25,20 +25,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
+from retrievers.clip_encoder import load_clip
+from retrievers.config import KBConfig
 from retrievers.encoders import normalize
-from retrievers.image import (
-    ImageOptions,
-    MediaRetriever,
-    check_flat,
-    load_clip,
-    load_media_kb,
-    parse_options,
-    write_media_index,
-)
 from retrievers.jsonl import iter_jsonl_objects
 from retrievers.media import (
     Cue,
@@ -52,10 +44,9 @@ from retrievers.media import (
     probe_video,
     uniform_times,
 )
+from retrievers.media_options import ImageOptions, check_flat, parse_options
+from retrievers.media_retriever import MediaRetriever, load_media_kb, write_media_index
 from retrievers.types import Doc, Media
-
-if TYPE_CHECKING:  # the config module imports the kinds registry, which imports this module
-    from retrievers.config import KBConfig
 
 logger = logging.getLogger(__name__)
 

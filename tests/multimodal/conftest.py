@@ -1,4 +1,4 @@
-"""Fixtures for the multimodal tests: media KB kinds registered, tiny CLIP options, a tiny Qwen2.5-VL built once."""
+"""Fixtures for the multimodal tests: tiny CLIP options, media KB configs, a tiny Qwen2.5-VL built once."""
 
 from __future__ import annotations
 
@@ -9,29 +9,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "data" / "demo"
 TINY_CLIP = {"clip_model": "kbrouter-tiny-clip", "clip_pretrained": None}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def media_kinds():
-    """Make sure `retrievers.kb.KB_KINDS` knows image/clip/video (a no-op once they are wired in there).
-
-    Module scope, and undone afterwards, so that tests elsewhere see the registry as the code defines it.
-    """
-    from retrievers.image import build_image_kb, load_image_kb
-    from retrievers.kb import KB_KINDS, KBKind
-    from retrievers.video import build_clip_kb, build_video_kb, load_clip_kb, load_video_kb
-
-    wanted = {
-        "image": KBKind(build_image_kb, load_image_kb, ("image",), "dense"),
-        "clip": KBKind(build_clip_kb, load_clip_kb, ("clip",), "dense"),
-        "video": KBKind(build_video_kb, load_video_kb, ("video",), "dense"),
-    }
-    added = [k for k in wanted if k not in KB_KINDS]
-    for k in added:
-        KB_KINDS[k] = wanted[k]
-    yield
-    for k in added:
-        KB_KINDS.pop(k, None)
 
 
 @pytest.fixture

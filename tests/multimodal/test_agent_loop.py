@@ -27,7 +27,7 @@ CONFIG = AgentConfig(max_steps=3, max_retries=0, plan_tokens=8, answer_tokens=8,
 
 
 @pytest.fixture(scope="module")
-def media_kbs(tmp_path_factory, media_kinds):
+def media_kbs(tmp_path_factory):
     from retrievers.config import KBConfig
 
     root = tmp_path_factory.mktemp("index")

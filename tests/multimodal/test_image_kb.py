@@ -8,8 +8,8 @@ import shutil
 import numpy as np
 import pytest
 
-from retrievers.image import MediaRetriever
 from retrievers.kb import build_kb, load_kb, read_manifest
+from retrievers.media_retriever import MediaRetriever
 from retrievers.types import Doc, Query
 
 from .conftest import DEMO, TINY_CLIP
@@ -23,7 +23,7 @@ def rows():
 
 
 @pytest.fixture(scope="module")
-def caption_kb(tmp_path_factory, media_kinds):
+def caption_kb(tmp_path_factory):
     from retrievers.config import KBConfig
 
     cfg = KBConfig(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from retrievers.config import KBConfig, default_cache_dir, load_kb_configs
+from retrievers.config import KIND_DEFAULTS, KBConfig, default_cache_dir, load_kb_configs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -151,6 +151,21 @@ def test_missing_yaml(tmp_path):
 def test_direct_construction_validates(tmp_path):
     with pytest.raises(ValueError, match="unknown `kind` 'audio'"):
         KBConfig(name="v", kind="audio", corpus=tmp_path)
+
+
+def test_every_kind_the_config_accepts_has_a_builder_and_loader(tmp_path):
+    from retrievers.kb import KB_KINDS
+
+    # a kind added to one table only would pass validation and fail at build time, or be refused by the config
+    assert sorted(KIND_DEFAULTS) == sorted(KB_KINDS)
+    for kind, defaults in KIND_DEFAULTS.items():
+        cfg = KBConfig(name=kind, kind=kind, corpus=tmp_path)
+        assert (cfg.granularity, cfg.search) == (defaults.granularities[0], defaults.search)
+
+
+def test_a_granularity_of_another_kind_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="`granularity` 'table' is not valid for kind 'text'; use one of paragraph"):
+        KBConfig(name="t", kind="text", corpus=tmp_path, granularity="table")
 
 
 @pytest.mark.parametrize("name", ["demo.yaml", "shared_text.yaml", "shared_tables.yaml"])
