@@ -17,6 +17,7 @@ Run (CPU; threads pinned to 1 per process so figures do not depend on the neighb
 
     nice python benchmarks/large_kb.py                       # 200k vectors, DB at 20k, 400 real texts
     nice python benchmarks/large_kb.py --n 1000000 --skip-hnsw --db-n 0 --encode-texts 0   # 1M, FAISS only
+    nice python benchmarks/large_kb.py --n 1000000 --db-n 1000000 --encode-texts 100000  # 1M everywhere, whole corpus
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -38,10 +40,17 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 DIM, LATENT, CLUSTERS, CHUNK = 384, 64, 500, 50_000
 K = 10
+SWEEP = ((64, 4), (128, 4), (128, 10))  # IVF-PQ query settings (nprobe, refine k-factor) also measured
+
+
+# set by `--vectors-npy` / `--queries-npy` (the real-corpus part): the indexes are built on these instead
+REAL: dict[str, np.ndarray] = {}
 
 
 def vectors(n: int, seed: int = 0, start: int = 0) -> np.ndarray:
-    """Rows `start..start+n` of the synthetic corpus (chunk-seeded, so any slice is reproducible)."""
+    """Rows `start..start+n` of the synthetic corpus (chunk-seeded, so any slice is reproducible), or of the real one."""
+    if "vectors" in REAL:  # the IVF training sample (seed 7) is then the corpus itself
+        return REAL["vectors"][start : start + n]
     rng = np.random.default_rng(1234)
     proj = rng.standard_normal((LATENT, DIM), dtype=np.float32) / math.sqrt(LATENT)
     centres = rng.standard_normal((CLUSTERS, LATENT), dtype=np.float32)
@@ -57,7 +66,31 @@ def vectors(n: int, seed: int = 0, start: int = 0) -> np.ndarray:
 
 
 def queries(n: int) -> np.ndarray:
-    return vectors(n, seed=99)
+    return REAL["queries"][:n] if "queries" in REAL else vectors(n, seed=99)
+
+
+def encode_real(out: Path) -> tuple[Path, Path]:
+    """The whole shared text corpus (passages as the `wiki` KB cuts them) and its questions, encoded by the real
+    all-MiniLM-L6-v2 once; saved as .npy so every index child reads the same vectors."""
+    import torch
+
+    from retrievers.chunking import passages, read_text_corpus
+    from retrievers.encoders import load_encoder
+
+    torch.set_num_threads(1)
+    data = ROOT.parent / "shared" / "data" / "text"
+    _, texts = passages(list(read_text_corpus(data / "corpus.jsonl")), "wiki")
+    questions = [json.loads(line)["question"] for line in (data / "questions.jsonl").open() if line.strip()]
+    encoder = load_encoder("minilm", device="cpu")
+    t0 = time.perf_counter()
+    x = np.asarray(encoder.encode(texts), dtype=np.float32)
+    q = np.asarray(encoder.encode(questions), dtype=np.float32)
+    print(f"  real corpus: {len(texts)} passages + {len(questions)} questions encoded in {time.perf_counter() - t0:.0f} s "
+          f"(1 thread)", flush=True)  # fmt: skip
+    paths = out / "corpus.npy", out / "questions.npy"
+    np.save(paths[0], x / np.linalg.norm(x, axis=1, keepdims=True))
+    np.save(paths[1], q / np.linalg.norm(q, axis=1, keepdims=True))
+    return paths
 
 
 def rss_mb() -> float:
@@ -108,7 +141,7 @@ def exact_ids(n: int, q: np.ndarray) -> np.ndarray:
 def run_faiss(kind: str, n: int, args) -> dict:
     import faiss
 
-    from retrievers.faiss_index import IndexSpec, build_sharded, capped_nlist, load_sharded
+    from retrievers.faiss_index import IndexSpec, build_sharded, capped_nlist, load_sharded, set_query_params
 
     faiss.omp_set_num_threads(1)
     q = queries(args.queries)
@@ -129,18 +162,25 @@ def run_faiss(kind: str, n: int, args) -> dict:
         index = load_sharded(out, mmap=kind == "flat")
         lat = latencies(lambda x: index.search(x, K), q, args.singles, args.batches)
         got = index.search(q, K)[1]
+        sweep = []  # IVF-PQ: the same built index at more cells visited / a larger refine shortlist
+        for nprobe, k_factor in SWEEP if kind == "ivfpq" else ():
+            set_query_params(index, replace(spec, nprobe=nprobe, refine_k_factor=k_factor))
+            lat_s = latencies(lambda x: index.search(x, K), q, args.singles, args.batches)
+            sweep.append({"nprobe": nprobe, "refine_k_factor": k_factor, "got": index.search(q, K)[1], **lat_s})
         size = disk_mb(out)
         peak = rss_mb()
     finally:
         shutil.rmtree(out, ignore_errors=True)
     truth = exact_ids(n, q)  # after the peak is read: its own flat index would count otherwise
+    for row in sweep:
+        row["recall@10"] = recall_at_k(row.pop("got"), truth)
     label = {
         "flat": "faiss flat",
         "hnsw": "faiss HNSW32 efS64",
         "ivfpq": f"faiss IVF{nlist},PQ48+RFlat np{args.nprobe}",
     }
     return {"index": label[kind], "n": n, "build_s": build_s, "build_wall_s": build_wall_s, "peak_rss_mb": peak, "added_rss_mb": peak - base,
-            "disk_mb": size, "recall@10": recall_at_k(got, truth), **lat}  # fmt: skip
+            "disk_mb": size, "recall@10": recall_at_k(got, truth), **lat, **({"sweep": sweep} if sweep else {})}  # fmt: skip
 
 
 def run_milvus(n: int, args) -> dict:
@@ -227,8 +267,10 @@ def child(what: str, n: int, args) -> None:
     print("RESULT " + json.dumps(result))
 
 
-def spawn(what: str, n: int, args) -> dict:
+def spawn(what: str, n: int, args, real: tuple[Path, Path] | None = None) -> dict:
     cmd = [sys.executable, __file__, "--child", what, "--child-n", str(n)]
+    if real:
+        cmd += ["--vectors-npy", str(real[0]), "--queries-npy", str(real[1])]
     cmd += ["--queries", str(args.queries), "--singles", str(args.singles), "--batches", str(args.batches)]
     cmd += ["--nlist", str(args.nlist), "--nprobe", str(args.nprobe), "--train", str(args.train)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -239,6 +281,14 @@ def spawn(what: str, n: int, args) -> dict:
         return None
     print(f"  {lines[-1]}", flush=True)  # each figure as soon as it is measured
     return json.loads(lines[-1][len("RESULT ") :])
+
+
+def sweep_lines(rows: list[dict]) -> None:
+    for r in rows:
+        for s in r.get("sweep", []):
+            print(f"  {r['index']} at nprobe {s['nprobe']}, refine k-factor {s['refine_k_factor']}: recall@10 "
+                  f"{s['recall@10']:.3f}, p50/p99 batch 1 {s['p50_b1_ms']:.1f}/{s['p99_b1_ms']:.1f} ms, "
+                  f"batch 64 {s['p50_b64_ms']:.1f}/{s['p99_b64_ms']:.1f} ms")  # fmt: skip
 
 
 def table(rows: list[dict]) -> None:
@@ -264,24 +314,47 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nprobe", type=int, default=32)
     parser.add_argument("--train", type=int, default=100_000, help="IVF training sample")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--real-corpus", action="store_true",
+                        help="also build and query every index on the real shared corpus, encoded by MiniLM")  # fmt: skip
+    parser.add_argument("--vectors-npy", help=argparse.SUPPRESS)
+    parser.add_argument("--queries-npy", help=argparse.SUPPRESS)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--child-n", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
+        if args.vectors_npy:
+            REAL.update(vectors=np.load(args.vectors_npy), queries=np.load(args.queries_npy))
         child(args.child, args.child_n, args)
         return 0
     print(f"load average at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)
     raw_mb = args.n * DIM * 4 / 2**20
     print(f"index part: {args.n:,} synthetic 384-d unit vectors ({raw_mb:.0f} MB as float32), {args.queries} queries")
-    # the quick parts first, so a run cut short still has them
-    small = [spawn(kind, args.db_n, args) for kind in ("flat", "hnsw", "milvus")] if args.db_n else []
+    # the quick parts first, so a run cut short still has them; with --db-n equal to --n the database runs last, at
+    # full size, beside the big FAISS rows (no second flat and HNSW build of the same vectors)
+    same = args.db_n == args.n and not args.skip_hnsw
+    small = [spawn(kind, args.db_n, args) for kind in ("flat", "hnsw", "milvus")] if args.db_n and not same else []
     enc = spawn("encode", args.encode_texts, args) if args.encode_texts else None
     kinds = ("flat", "ivfpq") + (() if args.skip_hnsw else ("hnsw",))
     big = [spawn(kind, args.n, args) for kind in kinds] if args.n else []
+    if same and args.n:
+        by_kind = dict(zip(kinds, big, strict=True))
+        small = [by_kind["flat"], by_kind["hnsw"], spawn("milvus", args.db_n, args)]
     big, small = [r for r in big if r], [r for r in small if r]
+    real = []
+    if args.real_corpus:
+        tmp = Path(tempfile.mkdtemp(prefix="large_kb_real_"))
+        try:
+            paths = encode_real(tmp)
+            n_real, n_q = len(np.load(paths[0], mmap_mode="r")), len(np.load(paths[1], mmap_mode="r"))
+            real_args = argparse.Namespace(**{**vars(args), "queries": min(args.queries, n_q)})
+            real = [spawn(kind, n_real, real_args, paths) for kind in ("flat", "ivfpq", "hnsw", "milvus")]
+            real = [r for r in real if r]
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     if big:
         print(f"\n== {args.n:,} vectors ==")
         table(big)
+        sweep_lines(big)
     if small:
         print(f"\n== {args.db_n:,} vectors: the Milvus backend (embedded Milvus Lite) beside FAISS ==")
         table(small)
@@ -291,6 +364,12 @@ def main(argv: list[str] | None = None) -> int:
               f"p50 batch-1 x{db['p50_b1_ms'] / flat['p50_b1_ms']:.1f}, "
               f"p50 batch-64 x{db['p50_b64_ms'] / flat['p50_b64_ms']:.1f}; "
               f"milvus lite / faiss HNSW p50 batch-1 x{db['p50_b1_ms'] / hnsw['p50_b1_ms']:.1f}")  # fmt: skip
+    if real:
+        print(
+            f"\n== the real shared corpus: {real[0]['n']:,} MiniLM passage vectors, queried by its real questions =="
+        )
+        table(real)
+        sweep_lines(real)
     per_vec = {r["index"]: r["disk_mb"] * 2**20 / r["n"] for r in big + small}
     print("\nbytes per vector on disk: " + ", ".join(f"{k} {v:.0f}" for k, v in per_vec.items()))
     if enc:
@@ -304,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{enc['pool_cpu_s_incl_model_load']:.1f} (with their model loading and warm-up)")  # fmt: skip
     print(f"load average at end: {os.getloadavg()[0]:.1f}")
     if args.json:
-        args.json.write_text(json.dumps({"big": big, "small": small, "encode": enc}, indent=2))
+        args.json.write_text(json.dumps({"big": big, "small": small, "encode": enc, "real": real}, indent=2))
     return 0
 
 
