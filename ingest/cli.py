@@ -24,7 +24,7 @@ from collections import Counter
 from pathlib import Path
 
 from ingest.corpora import YAML_MARK, kb_yaml, write_corpora, write_if_changed
-from ingest.job import FileOutcome, Settings, run_ingest
+from ingest.job import PARSER_CHOICES, FileOutcome, Settings, run_ingest
 from ingest.units import Limits
 
 SUMMARY_FILE = "summary.json"
@@ -48,6 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--encoder", default="minilm", help="text encoder of the KBs (`minilm` or a model path)")
     parser.add_argument("--clip-model", default="kbrouter-tiny-clip", help="open_clip model of the media KBs")
     parser.add_argument("--clip-pretrained", default=None, help="open_clip weights tag or checkpoint path")
+    parser.add_argument(
+        "--parser", choices=PARSER_CHOICES, default="builtin",
+        help="builtin: the weight-free readers; docling: DOCX/HTML (PDF with layout weights) read by docling in "
+        "its own env (`make docling`), other formats builtin",
+    )  # fmt: skip
     parser.add_argument("--force", action="store_true", help="re-parse everything (also: settings changed)")
     parser.add_argument("--quiet", action="store_true", help="print the summary only")
     return parser
@@ -63,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         max_bytes=int(args.max_mb * 2**20), max_pages=args.max_pages, max_seconds=args.max_seconds,
         max_rows=args.max_rows,
     )  # fmt: skip
-    settings = Settings(limits=limits, password=bool(args.password), exclude=tuple(args.exclude))
+    settings = Settings(limits=limits, password=bool(args.password), exclude=tuple(args.exclude), parser=args.parser)
     corpus_dir = Path(args.corpus_dir or Path("data") / "ingest" / args.name)
     yaml_path = Path(args.out or Path("configs") / "kb" / f"{args.name}.yaml")
     if yaml_path.is_file() and not args.force and YAML_MARK not in yaml_path.read_text(encoding="utf-8")[:400]:

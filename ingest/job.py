@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ingest.docling_parser import DOCLING_SUFFIXES, docling_python, parse_docling
 from ingest.media import IMAGE_SUFFIXES, VIDEO_SUFFIXES, parse_image, parse_video
 from ingest.office import parse_delimited, parse_docx, parse_xlsx
 from ingest.pdf import parse_pdf
@@ -44,9 +45,20 @@ class Settings:
     limits: Limits = field(default_factory=Limits)
     password: bool = False  # whether one was given (the password itself is never stored)
     exclude: tuple[str, ...] = ()
+    parser: str = "builtin"  # builtin | docling (DOCX, HTML, PDF through docling's own env; the rest builtin)
+
+    def __post_init__(self) -> None:
+        if self.parser not in PARSER_CHOICES:
+            raise ValueError(f"--parser must be one of {', '.join(PARSER_CHOICES)}, got {self.parser!r}")
 
     def to_dict(self) -> dict:
-        return {"limits": asdict(self.limits), "password": self.password, "exclude": list(self.exclude)}
+        return {
+            "limits": asdict(self.limits), "password": self.password, "exclude": list(self.exclude),
+            "parser": self.parser,
+        }  # fmt: skip
+
+
+PARSER_CHOICES = ("builtin", "docling")
 
 
 @dataclass
@@ -143,7 +155,7 @@ def check_settings(state: dict | None, settings: Settings, force: bool, corpus_d
     """Refuse to mix records made with other settings into one KB set, unless `force`."""
     if state is None or force:
         return
-    old, new = state.get("settings", {}), settings.to_dict()
+    old, new = {"parser": "builtin", **state.get("settings", {})}, settings.to_dict()  # no key: made before --parser
     diffs = [f"{k}: was {old.get(k)!r}, now {new[k]!r}" for k in new if old.get(k) != new[k]]
     if diffs:
         raise ValueError(
@@ -178,7 +190,10 @@ def parse_one(path: Path, name: str, corpus_dir: Path, settings: Settings, passw
     shutil.rmtree(tmp_figures, ignore_errors=True)
     prefix = f"{FIGURES_DIR}/{key}"
     try:
-        parsed = PARSERS[suffix](path, name, tmp_figures, prefix, corpus_dir, settings.limits, password)
+        if settings.parser == "docling" and suffix in DOCLING_SUFFIXES:
+            parsed = parse_docling(path, name, tmp_figures, prefix, settings.limits)
+        else:
+            parsed = PARSERS[suffix](path, name, tmp_figures, prefix, corpus_dir, settings.limits, password)
     except Skip as e:
         shutil.rmtree(tmp_figures, ignore_errors=True)
         return FileOutcome(name, "skipped", e.reason, str(e), time.monotonic() - start)
@@ -215,10 +230,12 @@ def run_ingest(
         The outcome of every file (in name order) and the names of files removed since the last run.
 
     Raises:
-        FileNotFoundError: an input path does not exist.
+        FileNotFoundError: an input path does not exist, or `--parser docling` without its env (`make docling`).
         ValueError: the folder was ingested with other settings (and not `force`), or its state is unreadable.
     """
     corpus_dir = Path(corpus_dir)
+    if settings.parser == "docling":
+        docling_python()  # fail before any work, naming the path and `make docling`
     state = read_state(corpus_dir)
     check_settings(state, settings, force, corpus_dir)
     files = walk(paths, settings.exclude, skip_dir=corpus_dir)
