@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -28,6 +29,7 @@ DEFAULT_PYTHON = ROOT / ".venv-docling" / "bin" / "python"
 DOCLING_SUFFIXES = (".docx", ".html", ".htm", ".pdf")
 EXIT_NEEDS_WEIGHTS = 3  # as docling_worker.EXIT_NEEDS_WEIGHTS (the worker cannot be imported here: other env)
 HEADINGS = ("title", "section_header")
+MD_LINK = re.compile(r"\[([^\]]*)\]\([^)\s]*\)")  # docling's table export writes a linked cell as [text](url)
 
 
 def docling_python() -> Path:
@@ -85,7 +87,7 @@ def from_docling(doc: dict, path: Path, file: str, figure_prefix: str) -> Parsed
         where = _where(file, section, item["prov"])
         if item["type"] == "table":
             header, rows = rectangular(
-                [clean(h) for h in item["header"]], [[clean(c) for c in r] for r in item["rows"]]
+                [_cell(h) for h in item["header"]], [[_cell(c) for c in r] for r in item["rows"]]
             )
             if len(header) >= 2 and rows:
                 n = len(parsed.tables) + 1
@@ -102,6 +104,10 @@ def from_docling(doc: dict, path: Path, file: str, figure_prefix: str) -> Parsed
     if not parsed.passages and not parsed.tables and not parsed.figures:
         raise Skip("no text", "docling found no text, tables or pictures")
     return parsed
+
+
+def _cell(text: str) -> str:
+    return clean(MD_LINK.sub(r"\1", text))
 
 
 def _next_caption(items: list[dict], i: int) -> str:

@@ -68,7 +68,8 @@ def test_html_table_and_text_by_section(ingested):
     assert indymac[4] == "OneWest Bank, FSB"  # docs-fdic-q1
     text = " ".join(p.text for p in parsed.passages)
     assert "failed since October 1, 2000" in text  # docs-fdic-q5
-    assert "IndyMac" not in text  # table cells are not repeated as passages
+    assert "OneWest" not in text and "Pasadena" not in text  # table cells are not repeated as passages
+    assert not any("](" in c for r in table.rows for c in r)  # linked bank names as their text, not [name](url)
     where = next(p for p in parsed.passages if "failed since October 1, 2000" in p.text).provenance
     assert where["file"] == "fdic_failed_bank_list.html" and where["parser"] == "docling" and where.get("section")
 
