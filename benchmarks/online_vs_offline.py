@@ -6,10 +6,14 @@ step). Each trains until its budget of CPU seconds (process time, so other jobs 
 spent, checked after every optimizer step, so the last step may overrun; the CPU and wall seconds spent are printed. Then the SFT start and both results answer the same held-out step prompts
 (`steps_heldout.jsonl`, trajectories no stage trained on) greedily and unconstrained, scored by the recipe rewards
 (`benchmarks/router_stages.py`), plus the final answers' F1-recall and the first-step KB accuracy (constrained greedy,
-stop removed). Paired differences (online - offline) carry their standard errors.
+stop removed). Paired differences (online - offline) carry their standard errors. Last, the three adapters run as
+the agent (the shipped router's settings: constrained, no few-shot, min_steps 1) through `kbrouter eval` on a
+scoreboard subset (`configs/eval/scoreboard_cpu.yaml`, the first `--scoreboard-limit` held-out questions of each
+dataset): macro F1-recall, routing per step and the valid-step rate, as the eval report gives them.
 
     python benchmarks/online_vs_offline.py                        # 2 x 300 CPU s of training + ~5 min of scoring
     python benchmarks/online_vs_offline.py --budget-s 120 --limit 10 --synth runs/synth/annotation_cpu_v1
+    python benchmarks/online_vs_offline.py --sft models/smollm2-kbrouter --scoreboard-limit 4   # from the shipped one
 """
 
 from __future__ import annotations
@@ -124,12 +128,53 @@ def evaluate(adapter: str, records, all_records, funcs, weights, recipe: dict) -
     return result
 
 
+SCOREBOARD = "configs/eval/scoreboard_cpu.yaml"
+
+
+def fmt(x) -> str:
+    return "–" if x is None else f"{x:.3f}"
+
+
+def scoreboard_subset(adapters: dict[str, str], limit: int, out: Path) -> dict:
+    """Each adapter as the agent on the first `limit` held-out questions per scoreboard dataset, via `kbrouter eval`.
+
+    Returns per method: macro F1-recall over groups, routing per step and the valid-step rate (eval's own figures)."""
+    import subprocess
+
+    import yaml
+
+    base = REPO / SCOREBOARD
+    cfg = yaml.safe_load(base.read_text())
+    here = base.parent
+    for key in ("kb_config", "shared_data", "corpora_dir"):
+        cfg[key] = str((here / cfg[key]).resolve())
+    cfg["dataset_defaults"]["split_file"] = str((here / cfg["dataset_defaults"]["split_file"]).resolve())
+    agent = cfg["agent_variants"]["agent_grpo"]["agent"]  # the shipped router's settings
+    cfg["agent_variants"] = {name: {"policy": {"model": "smollm2", "adapter": path}, "agent": dict(agent)}
+                             for name, path in adapters.items()}  # fmt: skip
+    cfg.update(name="online_vs_offline", output_dir=str(out), methods=list(adapters), plot_method=next(iter(adapters)))
+    path = out.parent / "online_vs_offline_eval.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    cmd = [sys.executable, "-m", "eval.cli", "--config", str(path), "--limit", str(limit), "--quiet"]
+    subprocess.run(
+        cmd, cwd=REPO, check=True, env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
+    )
+    results = json.loads((out / "results.json").read_text())
+    figs = {}
+    for m in adapters:
+        macro = results["macro_over_groups"][m]
+        figs[m] = {"f1_recall": macro.get("answer/f1_recall"), "route_step": macro.get("routing/step_accuracy"),
+                   "valid": macro.get("format/valid_step_rate")}  # fmt: skip
+    return figs
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sft", default="runs/train/smollm2_router_sft_decisions", help="the SFT adapter both start from")
     ap.add_argument("--synth", default="runs/synth/annotation_cpu", help="synthesis run: trajectories + step splits")
     ap.add_argument("--budget-s", type=float, default=300.0, help="training CPU seconds per method (process time)")
     ap.add_argument("--limit", type=int, default=20, help="held-out prompts per step type (plan, final)")
+    ap.add_argument("--scoreboard-limit", type=int, default=4, help="scoreboard questions per dataset (0: skip)")
     args = ap.parse_args()
 
     import yaml
@@ -192,6 +237,20 @@ def main() -> None:
     d, dse = mean_se([b - a for a, b in zip(results["offline"]["reward"], results["online"]["reward"], strict=True)])
     winner = "online" if d > 2 * dse else "offline" if d < -2 * dse else "neither (|diff| < 2 s.e.)"
     print(f"held-out step reward, online - offline: {d:+.3f} ± {dse:.3f} -> wins: {winner}")
+    if args.scoreboard_limit:
+        t0 = time.perf_counter()
+        board = scoreboard_subset({"start": models["sft"], "offline": models["offline"], "online": models["online"]},
+                                  args.scoreboard_limit, tmp / "scoreboard")  # fmt: skip
+        print(
+            f"scoreboard subset ({args.scoreboard_limit} held-out questions per dataset of {SCOREBOARD}, "
+            f"the agent constrained, {time.perf_counter() - t0:.0f} s; report: {tmp / 'scoreboard' / 'report.md'}):"
+        )
+        for m in ("start", "offline", "online"):
+            f = board[m]
+            print(
+                f"  {m:8s} macro F1-recall {fmt(f['f1_recall'])}   routing per step {fmt(f['route_step'])}   "
+                f"valid steps {fmt(f['valid'])}"
+            )
 
 
 if __name__ == "__main__":
