@@ -169,7 +169,7 @@ def ask_main(argv: list[str] | None = None) -> int:
     console.print(f"[bold]question:[/bold] {q.question}")
     traj = agent.run_batch([q], on_event=StepPrinter(console))[0]
     if args.out:
-        from agent.io import JsonlWriter
+        from retrievers.jsonl import JsonlWriter
 
         with JsonlWriter(args.out) as w:
             w.write(traj.to_dict())
@@ -184,7 +184,8 @@ def run_main(argv: list[str] | None = None) -> int:
     """Run a question file in lockstep batches; trajectories stream to JSONL one finished record at a time."""
     from rich.progress import Progress
 
-    from agent.io import JsonlWriter, prepare_resume, read_questions
+    from agent.io import prepare_resume, read_questions
+    from retrievers.jsonl import JsonlWriter
 
     ap = argparse.ArgumentParser(prog="kbrouter run", description=run_main.__doc__)
     ap.add_argument("--questions", required=True, help="JSONL: id, question, optional image/answers")

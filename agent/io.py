@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 
 from agent.loop import Question
 from agent.types import Trajectory
-from retrievers.jsonl import iter_jsonl_objects, write_jsonl_atomic
+from retrievers.jsonl import JsonlWriter, iter_jsonl_objects, read_jsonl, repair, write_jsonl_atomic
 
 
 def read_questions(path: str | Path) -> list[Question]:
@@ -69,52 +67,6 @@ def question_from_row(row: dict, where: str = "question") -> Question:
     )
 
 
-class JsonlWriter:
-    """Appends one JSON record per line; each line is written whole and flushed, fsync'd every `fsync_every`.
-
-    Use as a context manager. On resume, `repair(path)` drops a torn last line left by a crash.
-    """
-
-    def __init__(self, path: str | Path, fsync_every: int = 1) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        repair(self.path)
-        self._f = self.path.open("a", encoding="utf-8")
-        self._n = 0
-        self.fsync_every = fsync_every
-
-    def write(self, record: dict) -> None:
-        self._f.write(json.dumps(record, ensure_ascii=False) + "\n")
-        self._f.flush()
-        self._n += 1
-        if self.fsync_every and self._n % self.fsync_every == 0:
-            os.fsync(self._f.fileno())
-
-    def close(self) -> None:
-        self._f.flush()
-        os.fsync(self._f.fileno())
-        self._f.close()
-
-    def __enter__(self) -> JsonlWriter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def repair(path: Path) -> int:
-    """Truncate a JSONL file after its last complete line; returns the number of bytes dropped."""
-    if not path.exists():
-        return 0
-    data = path.read_bytes()
-    if not data or data.endswith(b"\n"):
-        return 0
-    keep = data.rfind(b"\n") + 1
-    with path.open("r+b") as f:
-        f.truncate(keep)
-    return len(data) - keep
-
-
 # stop reasons that say the run failed, not the model: such records are run again on resume
 ERROR_STOPS = frozenset({"backend_error"})
 
@@ -130,22 +82,16 @@ def prepare_resume(path: str | Path, retry_errors: bool = True) -> tuple[set[str
     if not path.exists():
         return set(), 0
     repair(path)
-    records = list(iter_jsonl(path))
+    records = read_jsonl(path, log=True)
     keep = [r for r in records if not (retry_errors and r.get("stop_reason") in ERROR_STOPS)]
     if len(keep) < len(records):
         write_jsonl_atomic(path, keep)
     return {r["id"] for r in keep}, len(records) - len(keep)
 
 
-def iter_jsonl(path: str | Path) -> Iterator[dict]:
-    """Records of a JSONL file (`retrievers.jsonl`'s reader without line numbers); a broken line raises naming the
-    file and line."""
-    for _, row in iter_jsonl_objects(path):
-        yield row
-
-
 def read_trajectories(path: str | Path) -> list[Trajectory]:
-    return [Trajectory.from_dict(d) for d in iter_jsonl(path)]
+    """The trajectories of a `kbrouter run` output (a torn last line of a killed run is skipped)."""
+    return [Trajectory.from_dict(d) for d in read_jsonl(path, log=True)]
 
 
 def write_trajectories(path: str | Path, trajectories: Iterable[Trajectory], overwrite: bool = False) -> None:

@@ -42,10 +42,11 @@ BASELINE = "lockstep"  # today's batched path: every other mode's outputs are co
 def load_questions(n: int, vl: bool = False):  # noqa: ANN201
     from dataclasses import replace
 
-    from agent.io import iter_jsonl, question_from_row
+    from agent.io import question_from_row
+    from retrievers.jsonl import read_jsonl
 
     src = SHARED_Q if SHARED_Q.exists() else REPO / "data" / "demo" / "questions.jsonl"
-    rows = list(iter_jsonl(src))
+    rows = read_jsonl(src)
     qs = [
         question_from_row({"id": r.get("id", r.get("qid")), "question": r["question"], "answers": r["answers"]})
         for r in rows

@@ -4,15 +4,17 @@ The records of a batch are appended to `trajectories.jsonl`, `rejected.jsonl` an
 line is appended (and fsync'd) to `progress.jsonl` naming the batch and the byte size of each output file. That line
 is the commit. On restart, `restore` drops a torn last line of `progress.jsonl` and truncates each output file to the
 sizes of the last committed line, which removes both half-written lines and whole records of an uncommitted batch.
-The job, the shard merge and the summary all read and write the folder through this module.
+Lines are appended with `retrievers.jsonl.append_jsonl` (its returned size is what a commit records) and read with its
+torn-line policy. The job, the shard merge and the summary all read and write the folder through this module.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from pathlib import Path
+
+from retrievers.jsonl import iter_jsonl_objects, read_jsonl, repair
 
 logger = logging.getLogger(__name__)
 
@@ -31,21 +33,14 @@ def atomic_write(path: Path, text: str) -> None:
 
 
 def read_progress(folder: Path) -> list[dict]:
-    """Committed batch lines of `progress.jsonl`; a torn last line (a crash mid-commit) is dropped from disk too."""
+    """Committed batch lines of `progress.jsonl`; a torn last line (a crash mid-commit) is not a commit."""
     path = folder / PROGRESS
-    if not path.exists():
-        return []
-    data = path.read_bytes()
-    keep = data.rfind(b"\n") + 1
-    if keep != len(data):
-        logger.warning("%s: dropping a torn last line (%d bytes)", path, len(data) - keep)
-        with path.open("r+b") as f:
-            f.truncate(keep)
-    return [json.loads(line) for line in data[:keep].decode("utf-8").splitlines() if line.strip()]
+    return read_jsonl(path, log=True) if path.exists() else []
 
 
 def restore(folder: Path) -> list[dict]:
     """Roll the outputs back to the last commit; returns the committed progress lines."""
+    repair(folder / PROGRESS)
     progress = read_progress(folder)
     sizes = progress[-1]["sizes"] if progress else {}
     for name in OUTPUTS:
@@ -61,16 +56,10 @@ def restore(folder: Path) -> list[dict]:
     return progress
 
 
-def append_lines(path: Path, lines: list[str]) -> int:
-    """Append whole lines and fsync; returns the file's size after them (what a commit line records)."""
-    with path.open("ab") as f:
-        if lines:
-            f.write("".join(lines).encode("utf-8"))
-        f.flush()
-        os.fsync(f.fileno())
-        return f.tell()
-
-
-def dumps_line(record: dict) -> str:
-    """One JSONL line of a record (non-ASCII kept)."""
-    return json.dumps(record, ensure_ascii=False) + "\n"
+def committed_rows(folder: Path, name: str, progress: list[dict]) -> list[dict]:
+    """The records of output `name` up to the last commit of `progress` (a running job's uncommitted ones are left
+    out)."""
+    path = folder / name
+    if not path.exists() or not progress:
+        return []
+    return [row for _, row in iter_jsonl_objects(path, log=True, end=int(progress[-1]["sizes"].get(name, 0)))]

@@ -35,19 +35,11 @@ from pathlib import Path
 from agent.backends.base import Policy
 from agent.kbs import KnowledgeBase
 from agent.loop import AgentConfig, Question, StepAgent
-from data_synthesis.commit_log import (
-    MANIFEST,
-    OUTPUTS,
-    PROGRESS,
-    SKIPPED,
-    append_lines,
-    atomic_write,
-    dumps_line,
-    restore,
-)
+from data_synthesis.commit_log import MANIFEST, OUTPUTS, PROGRESS, SKIPPED, atomic_write, restore
 from data_synthesis.config import ANNOTATION, SynthConfig
 from data_synthesis.inputs import Skip, read_inputs
 from data_synthesis.rejection import judge_group
+from retrievers.jsonl import append_jsonl, write_jsonl_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -165,7 +157,7 @@ def run_synthesis(cfg: SynthConfig, policy: Policy | None = None, kbs: dict[str,
     else:
         atomic_write(mpath, json.dumps(manifest, indent=2))
         atomic_write(folder / "config.json", json.dumps(cfg.to_dict(), indent=2, default=str))
-    atomic_write(folder / SKIPPED, "".join(dumps_line(s.to_dict()) for s in skips))
+    write_jsonl_atomic(folder / SKIPPED, (s.to_dict() for s in skips))
 
     progress = restore(folder)
     for p in progress:
@@ -202,7 +194,7 @@ def run_synthesis(cfg: SynthConfig, policy: Policy | None = None, kbs: dict[str,
                 else:
                     agent = StepAgent(policy, kbs, agent_config(cfg, batch_seed(cfg.seed, batches[b][0].id)))
                     trajectories = agent.run_batch(expand(batches[b], cfg.m))
-                lines: dict[str, list[str]] = {name: [] for name in OUTPUTS}
+                rows: dict[str, list[dict]] = {name: [] for name in OUTPUTS}
                 n_acc = 0
                 for start in range(0, len(trajectories), cfg.m):
                     for v in judge_group(trajectories[start : start + cfg.m], cfg.rejection):
@@ -210,20 +202,20 @@ def run_synthesis(cfg: SynthConfig, policy: Policy | None = None, kbs: dict[str,
                         d = traj.to_dict()
                         if v.accepted:
                             n_acc += 1
-                            lines["trajectories.jsonl"].append(dumps_line(d))
-                            lines["steps.jsonl"] += [dumps_line(r) for r in step_records(traj, kb_menu, display_names)]
+                            rows["trajectories.jsonl"].append(d)
+                            rows["steps.jsonl"] += step_records(traj, kb_menu, display_names)
                         else:
-                            lines["rejected.jsonl"].append(dumps_line({
+                            rows["rejected.jsonl"].append({
                                 "id": traj.id, "question_id": traj.metadata["question_id"],
                                 "dataset": traj.metadata.get("dataset", ""), "sample": traj.metadata["sample"],
                                 "reasons": list(v.reasons), "score": v.score, "trajectory": d,
-                            }))  # fmt: skip
-                sizes = {name: append_lines(folder / name, lines[name]) for name in OUTPUTS}
+                            })  # fmt: skip
+                sizes = {name: append_jsonl(folder / name, rows[name]) for name in OUTPUTS}
                 seconds = time.perf_counter() - t0
                 commit = {"batch": b, "ids": [q.id for q in batches[b]], "trajectories": len(trajectories),
                           "accepted": n_acc, "seconds": round(seconds, 3), "sizes": sizes,
                           "teacher_failures": (policy.failures - failures0) if annotator is None else 0}  # fmt: skip
-                append_lines(folder / PROGRESS, [dumps_line(commit)])  # the commit point
+                append_jsonl(folder / PROGRESS, [commit])  # the commit point
                 progress.append(commit)
                 accepted += n_acc
                 bar.set_postfix(accepted=accepted, traj_per_min=f"{60 * len(trajectories) / max(seconds, 1e-9):.1f}")

@@ -1,6 +1,6 @@
 """Join the shards of a synthesis job (`output_dir/shards/IIIII-of-NNNNN/`) into `output_dir`.
 
-Each output file is the concatenation of the shards' files in shard order, written under a temporary name and
+Each output file holds the committed records of the shards' files in shard order, written under a temporary name and
 renamed. A shard whose batches are not all committed stops the merge (name it with `--allow-partial` to merge what
 is there), as do trajectory ids seen twice. The summary and the `datasets` export are rebuilt from the merged files.
 """
@@ -12,8 +12,9 @@ import logging
 import re
 from pathlib import Path
 
-from data_synthesis.commit_log import MANIFEST, OUTPUTS, PROGRESS, SKIPPED, atomic_write, read_progress
+from data_synthesis.commit_log import MANIFEST, OUTPUTS, PROGRESS, SKIPPED, committed_rows, read_progress
 from data_synthesis.summary import finalize
+from retrievers.jsonl import read_jsonl, write_jsonl_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -59,26 +60,17 @@ def merge_shards(output_dir: str | Path, allow_partial: bool = False, export_for
     seen: set[str] = set()
     for name in OUTPUTS[:2]:
         for shard in shards:
-            for line in _committed_lines(shard, name, read_progress(shard)):
-                tid = json.loads(line)["id"]
-                if tid in seen:
-                    raise ValueError(f"trajectory {tid!r} appears twice (again in shard {shard.name})")
-                seen.add(tid)
+            for row in committed_rows(shard, name, read_progress(shard)):
+                if row["id"] in seen:
+                    raise ValueError(f"trajectory {row['id']!r} appears twice (again in shard {shard.name})")
+                seen.add(row["id"])
     for name in OUTPUTS:
-        atomic_write(output_dir / name, "".join(
-            "".join(_committed_lines(shard, name, read_progress(shard))) for shard in shards))  # fmt: skip
-    atomic_write(output_dir / SKIPPED, "".join((s / SKIPPED).read_text() for s in shards if (s / SKIPPED).exists()))
-    atomic_write(output_dir / PROGRESS, "".join(json.dumps(p) + "\n" for p in progress))
+        write_jsonl_atomic(
+            output_dir / name, (row for s in shards for row in committed_rows(s, name, read_progress(s)))
+        )
+    write_jsonl_atomic(
+        output_dir / SKIPPED, (row for s in shards if (s / SKIPPED).exists() for row in read_jsonl(s / SKIPPED))
+    )
+    write_jsonl_atomic(output_dir / PROGRESS, progress)
     logger.info("merged %d shards into %s", len(shards), output_dir)
     return finalize(output_dir, ms.pop(), export_format=export_format)
-
-
-def _committed_lines(shard: Path, name: str, progress: list[dict]) -> list[str]:
-    """The lines of `shard/name` up to its last commit (uncommitted bytes of a running shard are left out)."""
-    path = shard / name
-    if not path.exists() or not progress:
-        return []
-    size = int(progress[-1]["sizes"].get(name, 0))
-    with path.open("rb") as f:
-        data = f.read(size)
-    return data.decode("utf-8").splitlines(keepends=True)

@@ -15,7 +15,7 @@ import logging
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from retrievers.jsonl import iter_jsonl_objects
+from retrievers.jsonl import read_jsonl
 
 logger = logging.getLogger(__name__)
 
@@ -24,9 +24,9 @@ def _rate(a: int, n: int) -> float:
     return round(a / n, 4) if n else 0.0
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    """The records of a JSONL output file of the job, [] when it does not exist."""
-    return [row for _, row in iter_jsonl_objects(path)] if path.exists() else []
+def read_output(path: Path) -> list[dict]:
+    """The records of an output file of the job (a torn last line is not one), [] when it does not exist."""
+    return read_jsonl(path, log=True) if path.exists() else []
 
 
 def _groups(everything: list[tuple[dict, bool]], rejected: list[dict], key: str) -> dict:
@@ -232,10 +232,12 @@ def finalize(folder: Path, m: int, export_format: str = "parquet") -> dict:
     from data_synthesis.records import export_dataset
 
     folder = Path(folder)
-    accepted = read_jsonl(folder / "trajectories.jsonl")
-    rejected = read_jsonl(folder / "rejected.jsonl")
-    steps = read_jsonl(folder / "steps.jsonl")
-    summary = build_summary(accepted, rejected, read_jsonl(folder / SKIPPED), read_jsonl(folder / PROGRESS), m, steps)
+    accepted = read_output(folder / "trajectories.jsonl")
+    rejected = read_output(folder / "rejected.jsonl")
+    steps = read_output(folder / "steps.jsonl")
+    summary = build_summary(
+        accepted, rejected, read_output(folder / SKIPPED), read_output(folder / PROGRESS), m, steps
+    )
     atomic_write(folder / "summary.json", json.dumps(summary, indent=2))
     atomic_write(folder / "summary.md", summary_markdown(summary))
     export_dataset(accepted, steps, folder, export_format)

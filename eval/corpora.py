@@ -13,49 +13,35 @@ Run (writes `outputs/eval_corpora/*.jsonl`; `kbrouter eval` does this itself bef
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import os
 import re
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+
+from retrievers.jsonl import dumps_line, iter_jsonl_objects, write_jsonl_atomic
 
 logger = logging.getLogger(__name__)
 
 _SRT_TIME = re.compile(r"(\d+):(\d+):(\d+)[,.](\d+)\s*-->\s*(\d+):(\d+):(\d+)[,.](\d+)")
 
 
-def _write_jsonl(path: Path, rows: list[dict]) -> None:
-    """Write rows to `path` through a temporary name, so a half-written corpus is never read."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
-
-
 def coco_caption_rows(shared: Path) -> list[dict]:
     """One document per COCO image: its captions and object counts; `id` is the image id (`coco-<id>`)."""
     src = shared / "image" / "coco" / "images.jsonl"
     rows = []
-    with src.open(encoding="utf-8") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            img = json.loads(line)
-            counts = Counter(o["category"] for o in img.get("objects", []) if not o.get("iscrowd"))
-            objects = ", ".join(f"{n} {c}" for c, n in sorted(counts.items()))
-            text = " ".join(img["captions"]) + (f" Objects: {objects}." if objects else "")
-            rows.append(
-                {
-                    "id": img["image_id"],
-                    "title": f"photo {img['image_id']}",
-                    "text": text,
-                    "image": str(shared / "image" / "coco" / img["file"]),
-                }
-            )
+    for _, img in iter_jsonl_objects(src):
+        counts = Counter(o["category"] for o in img.get("objects", []) if not o.get("iscrowd"))
+        objects = ", ".join(f"{n} {c}" for c, n in sorted(counts.items()))
+        text = " ".join(img["captions"]) + (f" Objects: {objects}." if objects else "")
+        rows.append(
+            {
+                "id": img["image_id"],
+                "title": f"photo {img['image_id']}",
+                "text": text,
+                "image": str(shared / "image" / "coco" / img["file"]),
+            }
+        )
     return rows
 
 
@@ -81,27 +67,23 @@ def video_clip_rows(shared: Path) -> list[dict]:
     """One document per annotated shot: the shot note and the subtitles overlapping it."""
     root = shared / "video"
     rows = []
-    with (root / "videos.jsonl").open(encoding="utf-8") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            video = json.loads(line)
-            cues = parse_srt(root / video["subtitle_file"]) if video.get("subtitle_file") else []
-            shots = video.get("shots_manual") or [[0.0, video["duration_s"], video.get("summary", "")]]
-            for start, end, note in shots:
-                said = " ".join(t for s, e, t in cues if s < end and e > start)
-                text = note + (f" Dialogue: {said}" if said else "")
-                rows.append(
-                    {
-                        "id": f"{video['video_id']}@{start:g}-{end:g}",
-                        "title": video["source_title"],
-                        "text": text,
-                        "video_id": video["video_id"],
-                        "start": start,
-                        "end": end,
-                        "video": str(root / video["file"]),
-                    }
-                )
+    for _, video in iter_jsonl_objects(root / "videos.jsonl"):
+        cues = parse_srt(root / video["subtitle_file"]) if video.get("subtitle_file") else []
+        shots = video.get("shots_manual") or [[0.0, video["duration_s"], video.get("summary", "")]]
+        for start, end, note in shots:
+            said = " ".join(t for s, e, t in cues if s < end and e > start)
+            text = note + (f" Dialogue: {said}" if said else "")
+            rows.append(
+                {
+                    "id": f"{video['video_id']}@{start:g}-{end:g}",
+                    "title": video["source_title"],
+                    "text": text,
+                    "video_id": video["video_id"],
+                    "start": start,
+                    "end": end,
+                    "video": str(root / video["file"]),
+                }
+            )
     return rows
 
 
@@ -130,9 +112,10 @@ def prepare_corpora(names: list[str], shared: str | Path, out_dir: str | Path) -
     for name in names:
         path = out_dir / f"{name}.jsonl"
         rows = CORPORA[name](shared)
-        new = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+        new = "".join(dumps_line(r) for r in rows)
         if not path.exists() or path.read_text(encoding="utf-8") != new:  # same bytes keep the index up to date
-            _write_jsonl(path, rows)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_jsonl_atomic(path, rows)
             logger.info("wrote %d documents to %s", len(rows), path)
         out[name] = path
     return out

@@ -34,6 +34,7 @@ from eval.config import EvalConfig
 from eval.datasets import LoadedDataset, load_dataset
 from eval.methods import MethodContext, MethodFn, available_methods, resolve_methods
 from eval.scoring import GOLD_COLUMNS
+from retrievers.jsonl import JsonlWriter, read_jsonl, repair
 
 logger = logging.getLogger(__name__)
 
@@ -75,21 +76,13 @@ def cache_key(dataset: str, method: str, qid: str) -> str:
 
 
 def read_cache(path: Path, repair_tail: bool = True) -> dict[str, dict]:
-    """Cached records by key; a later record of the same key wins. A torn last line is dropped (and, with
+    """Cached records by key; a later record of the same key wins. A torn last line is skipped (and, with
     `repair_tail`, cut from the file so the next append starts on a fresh line; `--report_only` leaves it)."""
-    from agent.io import iter_jsonl, repair
-
     if not path.exists():
         return {}
     if repair_tail:
-        dropped = repair(path)
-        if dropped:
-            logger.warning("dropped a torn last line (%d bytes) of %s", dropped, path)
-        return {cache_key(r["dataset"], r["method"], r["qid"]): r for r in iter_jsonl(path)}
-    data = path.read_bytes()
-    complete = data[: data.rfind(b"\n") + 1]
-    records = (json.loads(line) for line in complete.decode("utf-8").splitlines() if line.strip())
-    return {cache_key(r["dataset"], r["method"], r["qid"]): r for r in records}
+        repair(path)
+    return {cache_key(r["dataset"], r["method"], r["qid"]): r for r in read_jsonl(path, log=True)}
 
 
 def row_digest(q: Question) -> str:
@@ -200,7 +193,6 @@ def run_eval(
     Returns:
         The results dict written to `results.json`.
     """
-    from agent.io import JsonlWriter
     from eval.report import write_report
 
     out_dir = Path(cfg.output_dir)

@@ -13,12 +13,12 @@ round-trip float repr, so replayed hits equal the recorded ones exactly.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
 from pathlib import Path
 
+from retrievers.jsonl import append_jsonl, iter_jsonl_objects
 from retrievers.types import Hit, Query, Retriever, as_queries
 
 logger = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ class Recording:
     """Passes searches to `inner` and appends each (query -> hits) answer to the JSONL snapshot `path`.
 
     Several `Recording`s (one per KB, or several threads) may share one path: lines are appended whole under a
-    per-path lock and flushed after every `search` call.
+    per-path lock and flushed after every `search` call; a torn last line a killed recorder left is cut first.
     """
 
     _locks: dict[str, threading.Lock] = {}
@@ -53,17 +53,12 @@ class Recording:
         """Search `inner` and record the answers."""
         qs = as_queries(queries)
         results = self.inner.search(qs, k)
-        lines = [
-            json.dumps(
-                {"kb": self.name, "text": q.text, "image": q.image, "k": k, "hits": [h.to_dict() for h in hits]},
-                ensure_ascii=False,
-            )
-            + "\n"
+        rows = [
+            {"kb": self.name, "text": q.text, "image": q.image, "k": k, "hits": [h.to_dict() for h in hits]}
             for q, hits in zip(qs, results, strict=True)
         ]
-        with self._lock, self.path.open("a", encoding="utf-8") as f:
-            f.write("".join(lines))
-            f.flush()
+        with self._lock:
+            append_jsonl(self.path, rows, fsync=False)
         return results
 
 
@@ -75,19 +70,9 @@ def read_snapshot(path: str | os.PathLike) -> dict[Key, list[dict]]:
             f"retrieval snapshot {str(path)!r} does not exist; record one with `Recording` "
             "or `kbrouter serve-retrieval --record`"
         )
-    answers: dict[Key, list[dict]] = {}
-    with path.open(encoding="utf-8") as f:
-        lines = f.readlines()
-    for n, line in enumerate(lines, 1):
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            if n == len(lines):
-                logger.warning("snapshot %s: skipping torn last line %d", path, n)
-                continue
-            raise ValueError(f"snapshot {str(path)!r} line {n} is not JSON: {e}") from e
-        answers[(row["kb"], row["text"], row["image"], row["k"])] = row["hits"]
-    return answers
+    return {
+        (row["kb"], row["text"], row["image"], row["k"]): row["hits"] for _, row in iter_jsonl_objects(path, log=True)
+    }
 
 
 class Replay:

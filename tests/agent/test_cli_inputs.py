@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.io import iter_jsonl
 from kbrouter.cli import main
+from retrievers.jsonl import read_jsonl
 from tests.agent.fakes import FakeRetriever, ScriptedPolicy, last_user_text
 
 
@@ -97,7 +97,7 @@ def test_demo_replaces_its_output_instead_of_appending(fake_parts: dict, tmp_pat
     argv = ["demo", "--questions", str(_questions(tmp_path, 3)), "--out", str(out), "--max-steps", "1"]
     assert main(argv) == 0
     assert main(argv) == 0
-    assert [r["id"] for r in iter_jsonl(out)] == ["0", "1", "2"]
+    assert [r["id"] for r in read_jsonl(out)] == ["0", "1", "2"]
 
 
 @pytest.mark.parametrize(("flag", "value"), [("--batch-size", "-1"), ("--batch-size", "0"), ("--limit", "-1")])
@@ -125,12 +125,12 @@ def test_ctrl_c_on_run_says_what_was_kept_and_exits_130(
     argv = ["run", "--kb", "k.yaml", "--questions", str(_questions(tmp_path)), "--out", str(out)]
     assert main([*argv, "--batch-size", "1", "--max-steps", "1"]) == 130
     err = capsys.readouterr().err
-    kept = len(list(iter_jsonl(out)))
+    kept = len(list(read_jsonl(out)))
     assert f"interrupted: {kept} of 4 done, in {out}; rerun the same command to resume" in err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
     fake_parts["on_generate"] = None
     assert main([*argv, "--max-steps", "1"]) == 0
-    assert sorted(r["id"] for r in iter_jsonl(out)) == ["0", "1", "2", "3"]
+    assert sorted(r["id"] for r in read_jsonl(out)) == ["0", "1", "2", "3"]
 
 
 def test_a_model_neither_local_nor_cached_fails_fast_offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

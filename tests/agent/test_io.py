@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from agent.io import JsonlWriter, iter_jsonl, read_questions, repair
+from agent.io import read_questions
+from retrievers.jsonl import JsonlWriter, read_jsonl, repair
 
 
 def write(tmp_path, lines):
@@ -46,7 +47,7 @@ def test_writer_repairs_a_torn_last_line(tmp_path):
     assert repair(p) == len('{"a": 2')
     with JsonlWriter(p) as w:
         w.write({"a": 3})
-    assert [r["a"] for r in iter_jsonl(p)] == [1, 3]
+    assert [r["a"] for r in read_jsonl(p)] == [1, 3]
 
 
 def traj(id_: str, stop: str = "answered") -> dict:
@@ -63,7 +64,7 @@ def test_prepare_resume_drops_a_torn_tail_and_errored_records(tmp_path):
         "\n".join(json.dumps(r) for r in (traj("1"), traj("2", "backend_error"), traj("3"))) + '\n{"id": "4", "que'
     )
     assert prepare_resume(p) == ({"1", "3"}, 1)
-    assert [r["id"] for r in iter_jsonl(p)] == ["1", "3"]  # rewritten whole, torn tail gone
+    assert [r["id"] for r in read_jsonl(p)] == ["1", "3"]  # rewritten whole, torn tail gone
     assert not list(tmp_path.glob(".*"))  # no temporary file left behind
 
 
@@ -117,7 +118,7 @@ def test_run_resumes_past_a_torn_last_line(fake_run):
     out.write_text(json.dumps(traj("1")) + "\n" + json.dumps(traj("2"))[:25])  # killed mid-write
     assert run_main(argv) == 0
     assert asked == ["2", "3", "4"]
-    assert sorted(r["id"] for r in iter_jsonl(out)) == ["1", "2", "3", "4"]
+    assert sorted(r["id"] for r in read_jsonl(out)) == ["1", "2", "3", "4"]
 
 
 def test_run_retries_errored_trajectories_unless_told_not_to(fake_run):
@@ -129,7 +130,7 @@ def test_run_retries_errored_trajectories_unless_told_not_to(fake_run):
     assert asked == ["4"]
     assert run_main(argv) == 0
     assert asked == ["4", "2"]
-    records = list(iter_jsonl(out))
+    records = list(read_jsonl(out))
     assert sorted(r["id"] for r in records) == ["1", "2", "3", "4"]  # the errored record was replaced, not doubled
     assert {r["id"]: r["stop_reason"] for r in records}["2"] == "answered"
 

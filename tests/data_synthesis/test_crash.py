@@ -105,23 +105,23 @@ def test_uncommitted_batch_and_torn_lines_are_rolled_back(tmp_path, reference, m
     _questions(tmp_path / "q.jsonl")
     cfg = SynthConfig(**_config(tmp_path, "out"))
     out = tmp_path / "out"
-    real_append = job.append_lines
+    real_append = job.append_jsonl
     calls = {"n": 0}
 
     class Crash(Exception):
         pass
 
-    def crashing_append(path: Path, lines: list[str]) -> int:
+    def crashing_append(path: Path, rows: list[dict], fsync: bool = True) -> int:
         if path.name == PROGRESS:
             calls["n"] += 1
             if calls["n"] == 3:  # batch 2's records are on disk, its commit line is not
                 raise Crash
-        return real_append(path, lines)
+        return real_append(path, rows, fsync=fsync)
 
-    monkeypatch.setattr(job, "append_lines", crashing_append)
+    monkeypatch.setattr(job, "append_jsonl", crashing_append)
     with pytest.raises(Crash):
         run_synthesis(cfg, policy=ScriptedPolicy(), kbs=fake_kbs())
-    monkeypatch.setattr(job, "append_lines", real_append)
+    monkeypatch.setattr(job, "append_jsonl", real_append)
     assert _committed(out) == 2
     # and a crash mid-line on top: half a record and half a commit line
     with (out / "trajectories.jsonl").open("a") as f:
@@ -135,21 +135,21 @@ def test_uncommitted_batch_and_torn_lines_are_rolled_back(tmp_path, reference, m
 def test_ctrl_c_says_how_many_questions_were_committed(tmp_path, reference, monkeypatch):
     _questions(tmp_path / "q.jsonl")
     cfg = SynthConfig(**_config(tmp_path, "out"))
-    real_append = job.append_lines
+    real_append = job.append_jsonl
     calls = {"n": 0}
 
-    def interrupted_append(path: Path, lines: list[str]) -> int:
+    def interrupted_append(path: Path, rows: list[dict], fsync: bool = True) -> int:
         if path.name == PROGRESS:
             calls["n"] += 1
             if (
                 calls["n"] == 3
             ):  # Ctrl-C while batch 2 commits: 2 batches of 2 questions are kept (the gold-less one is skipped)
                 raise KeyboardInterrupt
-        return real_append(path, lines)
+        return real_append(path, rows, fsync=fsync)
 
-    monkeypatch.setattr(job, "append_lines", interrupted_append)
+    monkeypatch.setattr(job, "append_jsonl", interrupted_append)
     with pytest.raises(KeyboardInterrupt, match=rf"^4 of {2 * len(CASES)} questions done \(committed batches in "):
         run_synthesis(cfg, policy=ScriptedPolicy(), kbs=fake_kbs())
-    monkeypatch.setattr(job, "append_lines", real_append)
+    monkeypatch.setattr(job, "append_jsonl", real_append)
     run_synthesis(cfg, policy=ScriptedPolicy(), kbs=fake_kbs())
     assert snapshot(tmp_path / "out") == reference

@@ -89,6 +89,18 @@ def test_snapshot_holds_several_kbs_and_survives_a_torn_line(tmp_path):
         read_snapshot(tmp_path / "missing.jsonl")
 
 
+def test_recording_after_a_killed_recorder_starts_on_a_fresh_line(tmp_path):
+    # the torn line is cut before the next answers are appended; they used to run on after it (`{"kb": "a", "te{...}`),
+    # a broken middle line that made the whole snapshot unreadable
+    snap = tmp_path / "snap.jsonl"
+    first = Recording(CountingRetriever(), snap, "a").search(["q1"], 2)
+    with snap.open("a") as f:
+        f.write('{"kb": "a", "te')
+    second = Recording(CountingRetriever(), snap, "a").search(["q2"], 2)
+    replay = Replay(snap, "a")
+    assert len(replay) == 2 and replay.search(["q1", "q2"], 2) == first + second
+
+
 def test_service_records_and_replay_matches(demo_text_kb, tmp_path):
     _, kb = demo_text_kb
     snap = tmp_path / "service.jsonl"
