@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.loop import AgentConfig
-from agent.types import Question
+from agent.loop import AgentConfig, Question
 from eval.methods import (
     MethodContext,
     RandomRoutePolicy,
