@@ -52,9 +52,9 @@ from agent.chat import (
 )
 from agent.completions import completion, stream_chunks
 from agent.kbs import KnowledgeBase
-from agent.loop import AgentConfig, Question, StepAgent
+from agent.loop import AgentConfig, StepAgent
 from agent.server import ChatMessage, ImageURL, TextPart, validation_message
-from agent.types import Trajectory
+from agent.types import Question, Trajectory
 from retrievers.batching import MicroBatcher
 from retrievers.security import (
     Guard,

@@ -19,6 +19,7 @@ from agent.protocol import (
     AnswerParse,
     PlanParse,
     PromptSettings,
+    add_evidence_images,
     answer_grammar,
     answer_messages,
     final_messages,
@@ -29,7 +30,7 @@ from agent.protocol import (
     strip_tags,
     with_format_reminder,
 )
-from agent.types import Step, Trajectory
+from agent.types import Question, Step, Trajectory
 from retrievers.types import Hit, Query
 
 logger = logging.getLogger(__name__)
@@ -153,17 +154,6 @@ class AgentConfig:
         )
 
 
-@dataclass(frozen=True)
-class Question:
-    """One question to answer. `answers` are gold answers when known; `metadata` keeps other input columns."""
-
-    id: str
-    question: str
-    images: tuple[str, ...] = ()
-    answers: tuple[str, ...] | None = None
-    metadata: dict = field(default_factory=dict, compare=False, hash=False)
-
-
 @dataclass
 class _State:
     """Mutable bookkeeping of one trajectory while the batch runs."""
@@ -254,9 +244,7 @@ class StepAgent:
 
     def _answer_messages(self, sub_question: str, hits: list[Hit], images: tuple[str, ...]) -> list[Message]:
         msgs = answer_messages(sub_question, hits, images, self.config.prompt_settings)
-        if self.config.evidence_images:
-            from agent.backends.hf_vl import add_evidence_images  # pixels only matter to VL policies
-
+        if self.config.evidence_images:  # pixels only matter to VL policies
             msgs = add_evidence_images(msgs, hits, max_images=self.config.evidence_images)
         return msgs
 

@@ -1,4 +1,4 @@
-"""The agent's data model: one `Step` per retrieval step and one `Trajectory` per question.
+"""The agent's data model: the `Question` asked, one `Step` per retrieval step and one `Trajectory` per question.
 
 Frozen dataclasses with a JSON round-trip; a trajectory is one JSON object per line on disk.
 """
@@ -10,6 +10,17 @@ from dataclasses import asdict, dataclass, field
 from retrievers.types import Hit
 
 STOP_REASONS = ("answered", "max_steps", "format_error", "backend_error")
+
+
+@dataclass(frozen=True)
+class Question:
+    """One question to answer. `answers` are gold answers when known; `metadata` keeps other input columns."""
+
+    id: str
+    question: str
+    images: tuple[str, ...] = ()
+    answers: tuple[str, ...] | None = None
+    metadata: dict = field(default_factory=dict, compare=False, hash=False)
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from agent.kbs import KnowledgeBase
-from agent.loop import Question
-from agent.types import Step, Trajectory
+from agent.types import Question, Step, Trajectory
 from data_synthesis.config import SynthConfig
 from data_synthesis.gold_plans import PLANNERS, GoldPlan, NoPlan, PlanContext, planner_for
 from data_synthesis.inputs import Skip, read_inputs

@@ -1,4 +1,4 @@
-"""QA input readers: local JSONL/JSON/parquet files read with `datasets`, turned into `agent.loop.Question`s.
+"""QA input readers: local JSONL/JSON/parquet files read with `datasets`, turned into `agent.types.Question`s.
 
 One reader per format, named in `READERS` (STYLE §18):
 
@@ -38,8 +38,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.loop import Question
 from agent.phrasing import tabfact_question
+from agent.types import Question
 from data_synthesis.config import InputSpec
 
 logger = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""Benchmark loaders: local files → normalised rows in a `datasets.Dataset` → `agent.loop.Question`s.
+"""Benchmark loaders: local files → normalised rows in a `datasets.Dataset` → `agent.types.Question`s.
 
 Every loader reads JSONL line by line (a malformed line raises naming the file and line) and returns rows with
 `id`, `question`, `answers` (gold strings; InfoSeek numeric ranges expanded as the paper does), `images`,
@@ -24,9 +24,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from agent.loop import Question
 from agent.metrics import expand_infoseek_golds
 from agent.phrasing import tabfact_question
+from agent.types import Question
 from retrievers.jsonl import iter_jsonl_objects
 
 logger = logging.getLogger(__name__)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from agent.backends.base import Completion, Message, Policy, SamplingParams
 from agent.kbs import KnowledgeBase
-from agent.loop import AgentConfig, Question, StepAgent
+from agent.loop import AgentConfig, StepAgent
 from agent.protocol import (
     answer_messages,
     final_messages,
@@ -40,7 +40,7 @@ from agent.protocol import (
     ret_span,
     strip_tags,
 )
-from agent.types import Step, Trajectory
+from agent.types import Question, Step, Trajectory
 from retrievers.types import Hit, Query
 
 

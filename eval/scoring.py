@@ -28,9 +28,8 @@ import math
 import re
 from collections.abc import Iterable, Sequence
 
-from agent.loop import Question
 from agent.metrics import exact_match, f1_recall, is_correct, normalize_answer, token_f1
-from agent.types import Trajectory
+from agent.types import Question, Trajectory
 from retrievers.types import Hit
 
 ANSWER_KEYS = ("answer/f1_recall", "answer/em", "answer/token_f1", "answer/acc")

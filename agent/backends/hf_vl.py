@@ -1,7 +1,7 @@
 """Transformers backend for chat vision-language models (Qwen2.5-VL and other `AutoProcessor` chat VLMs).
 
 Conversations use the same messages as every backend; a user turn with images carries content parts
-`{"type": "image", "image": PATH}` (see `agent.prompts`). Images stay paths in trajectories and step records and
+`{"type": "image", "image": PATH}` (see `agent.protocol.prompts`). Images stay paths in trajectories and step records and
 are loaded here with PIL, under a pixel budget:
 
 - `max_images` per conversation: the first ones are kept (the question image comes first in every step, evidence
@@ -9,8 +9,8 @@ are loaded here with PIL, under a pixel budget:
 - every image is scaled (aspect kept) so width * height lies in [`min_pixels`, `max_pixels`] before the processor
   sees it, so a multi-step context stays within the model's context whatever the photo size.
 
-Evidence pixels (retrieved images, frames sampled from retrieved clips) enter a conversation through
-`add_evidence_images(messages, hits, ...)`, which appends image parts to the last user turn within the same budget.
+Evidence pixels (retrieved images, frames sampled from retrieved clips) enter a conversation as image parts the
+prompt builder adds (`agent.protocol.add_evidence_images`); this backend only loads and budgets them.
 
 Example (CPU, tiny random model; GPU: `VisionLanguagePolicy("Qwen/Qwen2.5-VL-7B-Instruct", dtype="bfloat16")`)::
 
@@ -20,9 +20,7 @@ Example (CPU, tiny random model; GPU: `VisionLanguagePolicy("Qwen/Qwen2.5-VL-7B-
 
 from __future__ import annotations
 
-import logging
 import os
-from collections.abc import Sequence
 from pathlib import Path
 
 from agent.backends.base import Completion, Message, SamplingParams
@@ -30,9 +28,6 @@ from agent.backends.hf import abandoned_completion, all_abandoned, generate_comp
 from agent.backends.models import resolve_model
 from agent.backends.prefix_cache import PrefixCache, batch_prefix_length, expanded, prefixed_layout
 from retrievers.media import MediaError, fit_pixels, load_image
-from retrievers.types import Hit
-
-logger = logging.getLogger(__name__)
 
 TINY_VL = "tiny-qwen2.5-vl"  # alias: the tiny random Qwen2.5-VL, built offline into the cache on first use
 DEFAULT_MIN_PIXELS = 28 * 28 * 4  # Qwen2.5-VL: 28x28 pixels per visual token after the 2x2 merge
@@ -61,58 +56,6 @@ def _budget(messages: list[Message], max_images: int) -> tuple[list[Message], li
                 parts.append(part)
         out.append({**m, "content": parts})
     return out, kept, dropped
-
-
-def evidence_image_paths(
-    hits: Sequence[Hit], max_images: int, frame_dir: str | os.PathLike | None = None
-) -> list[str]:
-    """Image paths for the pixels behind hits: the image of an image hit, a middle frame of a clip or video hit.
-
-    Frames are written once as JPEGs under `frame_dir` (default `$KBROUTER_CACHE/frames`) so they can be
-    referenced by path like any other image. Unreadable media are skipped with a warning.
-    """
-    from agent.backends.models import cache_dir
-    from retrievers.media import frames_at, probe_video
-
-    out: list[str] = []
-    folder = Path(frame_dir) if frame_dir else cache_dir() / "frames"
-    for hit in hits:
-        if len(out) >= max_images:
-            break
-        media = hit.doc.media
-        if media is None:
-            continue
-        if hit.doc.modality == "image":
-            out.append(media.path)
-            continue
-        try:
-            start = media.start or 0.0
-            end = media.end if media.end is not None else probe_video(media.path).duration
-            t = (start + end) / 2
-            target = folder / f"{Path(media.path).stem}_{t:09.3f}.jpg"
-            if not target.exists():
-                folder.mkdir(parents=True, exist_ok=True)
-                frame = frames_at(media.path, [t])[0]
-                tmp = target.with_suffix(f".tmp{os.getpid()}.jpg")
-                frame.save(tmp, quality=90)
-                tmp.replace(target)
-            out.append(str(target))
-        except (MediaError, OSError) as e:
-            logger.warning("no evidence frame for %s: %s", hit.doc.id, e)
-    return out
-
-
-def add_evidence_images(messages: list[Message], hits: Sequence[Hit], max_images: int = 2) -> list[Message]:
-    """Append evidence image parts (before the text) to the last user turn; other turns are unchanged."""
-    paths = evidence_image_paths(hits, max_images)
-    if not paths:
-        return messages
-    last = messages[-1]
-    content = last["content"] if isinstance(last["content"], list) else [{"type": "text", "text": last["content"]}]
-    images = [p for p in content if p.get("type") == "image"]
-    rest = [p for p in content if p.get("type") != "image"]
-    new = {**last, "content": [*images, *({"type": "image", "image": p} for p in paths), *rest]}
-    return [*messages[:-1], new]
 
 
 def is_vision_language_model(path: str | os.PathLike) -> bool:

@@ -15,7 +15,9 @@ from agent.protocol.prompts import (
     FINAL_SYSTEM,
     PLAN_SYSTEM,
     PromptSettings,
+    add_evidence_images,
     answer_messages,
+    evidence_image_paths,
     final_messages,
     history_lines,
     kb_list,
@@ -46,9 +48,10 @@ from agent.protocol.tags import (
 )
 
 __all__ = [
-    "ANSWER", "DEFAULT_PROMPT", "FINAL_SYSTEM", "FORMAT_ERRORS", "NONE_WORDS", "PLAN_SYSTEM", "RET", "STOP_PLAN",
-    "SUB_QUESTION", "THINK", "AnswerParse", "PlanParse", "PromptSettings", "StepGrammar", "answer_grammar",
-    "answer_messages", "check_display_name", "fit_answer", "fit_plan", "final_messages", "format_answer", "format_plan", "history_lines",
-    "is_none", "kb_list", "normalize_kb", "parse_answer", "parse_plan", "plan_grammar", "plan_kb_list",
-    "plan_messages", "render_hits", "ret_content", "ret_span", "strip_tags", "with_format_reminder", "with_kb_list",
+    "ANSWER", "AnswerParse", "DEFAULT_PROMPT", "FINAL_SYSTEM", "FORMAT_ERRORS", "NONE_WORDS", "PLAN_SYSTEM",
+    "PlanParse", "PromptSettings", "RET", "STOP_PLAN", "SUB_QUESTION", "StepGrammar", "THINK",
+    "add_evidence_images", "answer_grammar", "answer_messages", "check_display_name", "evidence_image_paths",
+    "final_messages", "fit_answer", "fit_plan", "format_answer", "format_plan", "history_lines", "is_none",
+    "kb_list", "normalize_kb", "parse_answer", "parse_plan", "plan_grammar", "plan_kb_list", "plan_messages",
+    "render_hits", "ret_content", "ret_span", "strip_tags", "with_format_reminder", "with_kb_list",
 ]  # fmt: skip

@@ -2,17 +2,25 @@
 
 Each returns chat messages (system + user). A user turn with images carries a list of content parts
 (`{"type": "image", "image": path}` then `{"type": "text", "text": ...}`), which chat VLMs and the
-OpenAI-compatible backend understand; text-only turns are plain strings.
+OpenAI-compatible backend understand; text-only turns are plain strings. Images stay paths: the question image
+comes first, then the pixels behind retrieved hits (`add_evidence_images`); a backend loads them under its own
+pixel budget.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from agent.protocol.tags import format_answer, format_plan
+from retrievers.config import default_cache_dir
 from retrievers.provenance import provenance_label
 from retrievers.types import Hit
+
+logger = logging.getLogger(__name__)
 
 Message = dict  # {"role": str, "content": str | list[dict]}
 
@@ -132,6 +140,58 @@ def _user(text: str, images: Sequence[str]) -> Message:
         "role": "user",
         "content": [*({"type": "image", "image": p} for p in images), {"type": "text", "text": text}],
     }
+
+
+def evidence_image_paths(
+    hits: Sequence[Hit], max_images: int, frame_dir: str | os.PathLike | None = None
+) -> list[str]:
+    """Image paths for the pixels behind hits: the image of an image hit, a middle frame of a clip or video hit.
+
+    Frames are written once as JPEGs under `frame_dir` (default `$KBROUTER_CACHE/frames`) so they can be
+    referenced by path like any other image. Unreadable media are skipped with a warning.
+    """
+    from retrievers.media import MediaError, frames_at, probe_video
+
+    out: list[str] = []
+    folder = Path(frame_dir) if frame_dir else default_cache_dir() / "frames"
+    for hit in hits:
+        if len(out) >= max_images:
+            break
+        media = hit.doc.media
+        if media is None:
+            continue
+        if hit.doc.modality == "image":
+            out.append(media.path)
+            continue
+        try:
+            start = media.start or 0.0
+            end = media.end if media.end is not None else probe_video(media.path).duration
+            t = (start + end) / 2
+            target = folder / f"{Path(media.path).stem}_{t:09.3f}.jpg"
+            if not target.exists():
+                folder.mkdir(parents=True, exist_ok=True)
+                frame = frames_at(media.path, [t])[0]
+                tmp = target.with_suffix(f".tmp{os.getpid()}.jpg")
+                frame.save(tmp, quality=90)
+                tmp.replace(target)
+            out.append(str(target))
+        except (MediaError, OSError) as e:
+            logger.warning("no evidence frame for %s: %s", hit.doc.id, e)
+    return out
+
+
+def add_evidence_images(messages: list[Message], hits: Sequence[Hit], max_images: int = 2) -> list[Message]:
+    """Append evidence image parts (after the question image, before the text) to the last user turn; other turns
+    are unchanged. The loop does this for `agent.evidence_images > 0` (pixels only help a VL policy)."""
+    paths = evidence_image_paths(hits, max_images)
+    if not paths:
+        return messages
+    last = messages[-1]
+    content = last["content"] if isinstance(last["content"], list) else [{"type": "text", "text": last["content"]}]
+    images = [p for p in content if p.get("type") == "image"]
+    rest = [p for p in content if p.get("type") != "image"]
+    new = {**last, "content": [*images, *({"type": "image", "image": p} for p in paths), *rest]}
+    return [*messages[:-1], new]
 
 
 def _plan_user(question: str, history: Sequence[tuple[str, str]]) -> str:

@@ -12,9 +12,10 @@ import pytest
 import yaml
 
 from agent.backends.base import SamplingParams
-from agent.loop import AgentConfig, Question, StepAgent, use_constrained
+from agent.loop import AgentConfig, StepAgent, use_constrained
 from agent.protocol import answer_grammar, check_display_name, parse_answer, parse_plan, plan_grammar
 from agent.protocol.prompts import answer_messages, plan_messages
+from agent.types import Question
 from tests.agent.fakes import FakeRetriever, ScriptedPolicy
 
 NAME_CHARS = string.ascii_letters + string.digits + " -'&,.()/:+éüßøłñ"

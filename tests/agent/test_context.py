@@ -8,7 +8,8 @@ from types import SimpleNamespace
 from agent.backends.base import Completion, SamplingParams
 from agent.backends.hf import TransformersPolicy
 from agent.kbs import KnowledgeBase
-from agent.loop import AgentConfig, Question, StepAgent
+from agent.loop import AgentConfig, StepAgent
+from agent.types import Question
 from tests.agent.fakes import FakeRetriever
 
 

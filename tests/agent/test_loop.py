@@ -5,8 +5,8 @@ import json
 import pytest
 
 from agent.kbs import KnowledgeBase
-from agent.loop import AgentConfig, Question, StepAgent
-from agent.types import Trajectory
+from agent.loop import AgentConfig, StepAgent
+from agent.types import Question, Trajectory
 from tests.agent.fakes import FakeRetriever, ScriptedPolicy, last_user_text, system_text
 
 TEXT = FakeRetriever("text", ["paris is the capital of france", "berlin is the capital of germany"])

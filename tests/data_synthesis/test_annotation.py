@@ -391,7 +391,7 @@ class ReplayPolicy:
 @needs_shared
 def test_step_records_equal_what_the_live_loop_renders_for_the_same_steps(world):
     """The live loop, driven by a policy that writes the gold steps, sees the prompts the step records hold."""
-    from agent.loop import Question
+    from agent.types import Question
 
     kbs = load_kbs(world["cfg"])
     display = {kb.name: kb.display_name for kb in kbs.values()}

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agent.loop import AgentConfig, Question
+from agent.loop import AgentConfig
+from agent.types import Question
 from eval.methods import (
     MethodContext,
     RandomRoutePolicy,

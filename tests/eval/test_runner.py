@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from agent.backends.base import Completion, SamplingParams
-from agent.loop import Question
+from agent.types import Question
 from eval.cli import main
 from eval.config import load_eval_config
 from eval.runner import read_cache, run_eval

@@ -383,7 +383,8 @@ def test_valid_step_rate_and_routing_per_step_are_pooled_over_steps() -> None:
     ],
 )
 def test_router_records_its_decision(fake_kbs, reply: str, route: str, steps: int) -> None:
-    from agent.loop import AgentConfig, Question
+    from agent.loop import AgentConfig
+    from agent.types import Question
     from eval.methods import MethodContext, router
     from eval.report import kb_choices
 

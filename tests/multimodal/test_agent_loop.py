@@ -15,9 +15,9 @@ import pytest
 
 from agent.backends.base import Completion, SamplingParams
 from agent.kbs import KnowledgeBase
-from agent.loop import AgentConfig, Question, StepAgent
+from agent.loop import AgentConfig, StepAgent
 from agent.protocol import PLAN_SYSTEM
-from agent.types import Trajectory
+from agent.types import Question, Trajectory
 from retrievers.kb import build_kb, load_kb
 
 from .conftest import DEMO, TINY_CLIP

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from agent.backends.base import SamplingParams
-from agent.backends.hf_vl import add_evidence_images, evidence_image_paths
 from agent.backends.images import image_to_data_url
+from agent.protocol import add_evidence_images, evidence_image_paths
 from retrievers.types import Doc, Hit, Media
 
 from .conftest import DEMO
