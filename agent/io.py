@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from agent.loop import Question
-from agent.types import Trajectory
+from agent.types import Question, Trajectory
 from retrievers.jsonl import JsonlWriter, iter_jsonl_objects, read_jsonl, repair, write_jsonl_atomic
 
 

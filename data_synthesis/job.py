@@ -34,7 +34,8 @@ from pathlib import Path
 
 from agent.backends.base import Policy
 from agent.kbs import KnowledgeBase
-from agent.loop import AgentConfig, Question, StepAgent
+from agent.loop import AgentConfig, StepAgent
+from agent.types import Question
 from data_synthesis.commit_log import MANIFEST, OUTPUTS, PROGRESS, SKIPPED, atomic_write, restore
 from data_synthesis.config import ANNOTATION, SynthConfig
 from data_synthesis.inputs import Skip, read_inputs

@@ -28,8 +28,7 @@ from pathlib import Path
 
 from agent.backends.base import Policy
 from agent.kbs import KnowledgeBase
-from agent.loop import Question
-from agent.types import Trajectory
+from agent.types import Question, Trajectory
 from eval.config import EvalConfig
 from eval.datasets import LoadedDataset, load_dataset
 from eval.methods import MethodContext, MethodFn, available_methods, resolve_methods

@@ -15,7 +15,8 @@ import pytest
 
 from agent.backends.base import Completion, SamplingParams
 from agent.kbs import KnowledgeBase
-from agent.loop import AgentConfig, Question, StepAgent
+from agent.loop import AgentConfig, StepAgent
+from agent.types import Question
 from retrievers.remote import RemoteRetriever
 from retrievers.replay import Recording, Replay, read_snapshot, recording_kbs, replay_kbs
 from retrievers.service import create_app, serve_in_thread
