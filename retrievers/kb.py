@@ -117,8 +117,17 @@ def expected_manifest(cfg: KBConfig) -> dict:
         "index": cfg.index if dense or milvus else None,
         "index_params": index_params if dense or milvus else None,
         "corpus_sha256": corpus_sha256(cfg),
-        "unit_params": json.loads(json.dumps({"chunk_words": cfg.chunk_words, "options": cfg.options}, default=str)),
+        "unit_params": json.loads(
+            json.dumps({"chunk_words": cfg.chunk_words, "options": _options_key(cfg)}, default=str)
+        ),
     }
+
+
+def _options_key(cfg: KBConfig) -> dict:
+    """The options as a manifest compares them: a `_file` option by its file name, since its bytes are already in
+    `corpus_sha256`; its absolute path would make another checkout (a clone, a git worktree) of the same files
+    rebuild every such index."""
+    return {k: Path(v).name if k.endswith("_file") and isinstance(v, str) else v for k, v in cfg.options.items()}
 
 
 def read_manifest(index_dir: Path) -> dict | None:
@@ -257,6 +266,14 @@ def load_kb(cfg: KBConfig) -> Retriever:
     return KB_KINDS[cfg.kind].load(cfg)
 
 
-def load_kbs(configs: list[KBConfig]) -> dict[str, Retriever]:
-    """Load several built KBs into a dict keyed by `cfg.name`."""
-    return {cfg.name: load_kb(cfg) for cfg in configs}
+def load_kbs(configs: list[KBConfig], build: bool = False) -> dict[str, Retriever]:
+    """Load several KBs into a dict keyed by `cfg.name`, building each one first when `build` is set.
+
+    `agent.kbs.load_knowledge_bases` wraps this with the display names and descriptions the policy sees.
+    """
+    kbs = {}
+    for cfg in configs:
+        if build:  # a no-op for an up-to-date index
+            build_kb(cfg, progress=False)
+        kbs[cfg.name] = load_kb(cfg)
+    return kbs

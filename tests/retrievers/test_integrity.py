@@ -177,3 +177,27 @@ def test_leftover_build_folders_of_dead_processes_are_removed(kb: KBConfig) -> N
     assert _reuse(kb)
     assert not (parent / f"idx.building-{dead_pid}").exists() and not (parent / f"idx.old-{dead_pid}").exists()
     assert (parent / f"idx.building-{os.getppid()}").exists()  # a live process's build is left alone
+
+
+def test_a_metadata_file_counts_by_its_bytes_not_its_path(tmp_path: Path) -> None:
+    """Two checkouts of the same files (a clone, a git worktree) share an index; a changed metadata file rebuilds."""
+    from retrievers.kb import expected_manifest
+
+    manifests = []
+    for checkout in ("a", "b"):
+        folder = tmp_path / checkout
+        folder.mkdir()
+        corpus = folder / "tables.jsonl"
+        corpus.write_text(json.dumps({"id": "t1", "title": "Fruit", "header": ["fruit", "n"], "rows": [["fig", "2"]]}))
+        (folder / "claims.jsonl").write_text(json.dumps({"table_id": "t1", "statement": "two figs"}) + "\n")
+        cfg = KBConfig(
+            name="tables",
+            kind="table",
+            corpus=corpus,
+            search="bm25",
+            options={"metadata_file": str(folder / "claims.jsonl")},
+        )
+        manifests.append(expected_manifest(cfg))
+    assert manifests[0] == manifests[1]
+    (tmp_path / "b" / "claims.jsonl").write_text(json.dumps({"table_id": "t1", "statement": "three figs"}) + "\n")
+    assert expected_manifest(cfg)["corpus_sha256"] != manifests[0]["corpus_sha256"]
