@@ -8,7 +8,8 @@ A KB file looks like::
         kind: text
         corpus: ../../data/demo/passages.jsonl
 
-Relative paths resolve against the YAML file's directory. Loading a config has no side effects: nothing is
+The file is read by `retrievers.config_file` (the one YAML dialect of every config); relative paths resolve
+against the YAML file's directory. Loading a config has no side effects: nothing is
 created, downloaded or encoded; `retrievers.kb.build_kb` does the work.
 """
 
@@ -18,8 +19,7 @@ import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-import yaml
-
+from retrievers.config_file import load_yaml, resolve_path
 from retrievers.types import GRANULARITIES
 
 SEARCH_MODES = ("dense", "bm25", "hybrid")
@@ -50,28 +50,12 @@ KIND_DEFAULTS: dict[str, KindDefaults] = {
 }
 
 
-def read_text(path: str | os.PathLike) -> str:
-    """A text file's contents as UTF-8.
-
-    Raises:
-        ValueError: the file is not UTF-8; the message names `path:line` and the fix.
-    """
-    data = Path(path).read_bytes()
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        raise ValueError(
-            f"{path}:{line}: not UTF-8 text (byte {data[e.start]:#04x} at offset {e.start}); save the file as UTF-8"
-        ) from None
-
-
 _SCALARS = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}
 
 
 def check_field_types(obj: object, where: str = "") -> None:
     """Check the plain scalar fields (`int`, `float`, `bool`, `str`, optionally `| None`) of a dataclass instance:
-    `k: true` is not an int, `m: abc` is not a number, `mmap: 'no'` is not a bool.
+    `k: true` is not an int, `m: abc` is not a number, `mmap: no` (a string) is not a bool.
 
     Raises:
         ValueError: a field holds a value of another type; the message names the key and what it needs.
@@ -92,32 +76,9 @@ def check_field_types(obj: object, where: str = "") -> None:
             raise ValueError(f"{where}`{f.name}` must be {need}{' or null' if optional else ''}, got {value!r}{hint}")
 
 
-def load_yaml(path: str | os.PathLike, loader=yaml.safe_load):  # noqa: ANN001, ANN201 - any YAML value
-    """Parse a YAML file (UTF-8; `loader` maps its text to data).
-
-    Raises:
-        ValueError: not UTF-8, or a YAML syntax error; the message names `path:line:column` and the problem.
-    """
-    text = read_text(path)
-    try:
-        return loader(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
-        problem = " ".join(x for x in (getattr(e, "context", None), getattr(e, "problem", None)) if x) or str(e)
-        raise ValueError(f"{where}: YAML syntax error: {problem}; fix the YAML there") from None
-
-
 def default_cache_dir() -> Path:
     """Return `$KBROUTER_CACHE` or `~/.cache/kbrouter`."""
     return Path(os.environ.get("KBROUTER_CACHE") or Path.home() / ".cache" / "kbrouter").expanduser()
-
-
-def _resolve(path: str | os.PathLike, base: Path | None) -> Path:
-    p = Path(os.path.expandvars(str(path))).expanduser()
-    if base is not None and not p.is_absolute():
-        p = base / p
-    return p
 
 
 @dataclass
@@ -215,8 +176,10 @@ class KBConfig:
             # a bool is an int to Python: `k: true` would silently become 1
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"KB {self.name!r}: `{key}` must be a positive integer, got {value!r}")
-        if not isinstance(self.mmap, bool):  # `mmap: 'no'` is a truthy string: it would turn mmap on
-            raise ValueError(f"KB {self.name!r}: `mmap` must be true or false (unquoted), got {self.mmap!r}")
+        if not isinstance(self.mmap, bool):  # `mmap: no` is the string "no" (retrievers.config_file's dialect)
+            raise ValueError(
+                f"KB {self.name!r}: `mmap` must be true or false (unquoted; `yes`/`no` are strings), got {self.mmap!r}"
+            )
         if not isinstance(self.options, dict):
             raise ValueError(f"KB {self.name!r}: `options` must be a mapping, got {type(self.options).__name__}")
         self.corpus = Path(self.corpus)
@@ -282,14 +245,14 @@ def load_kb_configs(path: str | os.PathLike) -> list[KBConfig]:
         if missing:
             raise ValueError(f"{where}: missing required key(s) {missing}")
         entry = dict(entry)
-        entry["corpus"] = _resolve(entry["corpus"], base)
+        entry["corpus"] = resolve_path(entry["corpus"], base)
         if entry.get("index_dir"):
-            entry["index_dir"] = _resolve(entry["index_dir"], base)
+            entry["index_dir"] = resolve_path(entry["index_dir"], base)
         if isinstance(entry.get("uri"), str) and entry["uri"] and "://" not in entry["uri"]:
-            entry["uri"] = str(_resolve(entry["uri"], base))  # a Milvus Lite file, relative like `corpus`
+            entry["uri"] = str(resolve_path(entry["uri"], base))  # a Milvus Lite file, relative like `corpus`
         if isinstance(entry.get("options"), dict):  # option keys ending in `_file` are paths, like `corpus`
             entry["options"] = {
-                k: str(_resolve(v, base)) if k.endswith("_file") and isinstance(v, str) else v
+                k: str(resolve_path(v, base)) if k.endswith("_file") and isinstance(v, str) else v
                 for k, v in entry["options"].items()
             }
         try:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from trl import GRPOConfig, SFTConfig
 
+from retrievers.config_file import yaml_loads as _yaml_load  # the one YAML dialect (`no` a string, `1e-4` a float)
 from training.rewards import REWARDS, STEP_TYPES
 from training.step_data import FORMATS
 
@@ -271,27 +272,6 @@ class StepSFTConfig(SFTConfig, StepDataArgs):
 
 
 CONFIGS = {"grpo": StepGRPOConfig, "sft": StepSFTConfig}
-
-
-def _yaml_load(text: str):
-    """YAML with only `true`/`false` as booleans (`save_strategy: no` stays a string) and `1e-4` as a float."""
-    import re
-
-    import yaml
-
-    class Loader(yaml.SafeLoader):
-        pass
-
-    Loader.yaml_implicit_resolvers = {
-        k: [(tag, rx) for tag, rx in v if tag != "tag:yaml.org,2002:bool"]
-        for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()
-    }
-    Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
-                                 list("tTfF"))  # fmt: skip
-    # PyYAML (YAML 1.1) reads `1e-4` as a string; learning rates are written that way
-    Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9]+(?:\.[0-9]*)?[eE][-+]?[0-9]+$"),
-                                 list("-+0123456789"))  # fmt: skip
-    return yaml.load(text, Loader=Loader)
 
 
 def _parse_overrides(tokens: list[str]) -> dict:
