@@ -19,35 +19,25 @@ questions out of training.
 Paths inside the YAML (`inputs[].path`, `inputs[].image_root`, `inputs[].exclude_split`, `kb_config`) resolve against
 the YAML file's folder, as in KB files; `output_dir` and every path given as a flag resolve against the working
 directory. Nested keys are overridden with dots: `--teacher.model /models/qwen --rejection.require_no_format_errors
-true`. Loading has no side effects (nothing is created or loaded).
+true`. The file and the flags are read by `retrievers.config_file` (one YAML dialect: `1e-4` is a float, `no` a
+string). Loading has no side effects (nothing is created or loaded).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from agent.backends.factory import BACKENDS, PolicyConfig
+from retrievers.config_file import check_keys, load_config_file
 
 INPUT_FORMATS = ("generic", "shared_text", "r1router", "tabfact", "wtq", "coco", "video", "r1router_steps")
 ANNOTATION = "annotation"  # the teacher that needs no model (data_synthesis.annotation)
 TEACHERS = (*BACKENDS, ANNOTATION)
 EXPORT_FORMATS = ("parquet", "disk", "none")
-
-
-def _check_keys(cls: type, values: dict, where: str) -> None:
-    valid = sorted(f.name for f in dataclasses.fields(cls) if f.init)
-    for key in values:
-        if key not in valid:
-            close = difflib.get_close_matches(key, valid, n=3)
-            hint = f"; did you mean {close}?" if close else f"; valid keys: {valid}"
-            raise ValueError(f"unknown key {key!r} in {where}{hint}")
 
 
 @dataclass(frozen=True)
@@ -181,15 +171,15 @@ class SynthConfig:
         inputs = []
         for i, spec in enumerate(self.inputs or []):
             if isinstance(spec, dict):
-                _check_keys(InputSpec, spec, f"inputs[{i}]")
+                check_keys(InputSpec, spec, f"inputs[{i}]")
                 spec = InputSpec(**spec)
             inputs.append(spec)
         self.inputs = inputs
         if isinstance(self.teacher, dict):
-            _check_keys(TeacherSpec, self.teacher, "teacher")
+            check_keys(TeacherSpec, self.teacher, "teacher")
             self.teacher = TeacherSpec(**self.teacher)
         if isinstance(self.rejection, dict):
-            _check_keys(RejectionSpec, self.rejection, "rejection")
+            check_keys(RejectionSpec, self.rejection, "rejection")
             self.rejection = RejectionSpec(**self.rejection)
         from retrievers.config import check_field_types
 
@@ -240,64 +230,15 @@ class SynthConfig:
         return dataclasses.asdict(self)
 
 
-def _parse_overrides(overrides: list[str]) -> dict:
-    """`--key value` / `--key=value` pairs to a dict; values are YAML scalars (`true`, `3`, `[a, b]`)."""
-    out: dict = {}
-    i = 0
-    while i < len(overrides):
-        arg = overrides[i]
-        if not arg.startswith("--"):
-            raise ValueError(f"unexpected argument {arg!r}; overrides look like `--key value`")
-        if "=" in arg:
-            key, raw = arg[2:].split("=", 1)
-            i += 1
-        else:
-            if i + 1 >= len(overrides):
-                raise ValueError(f"override {arg!r} needs a value")
-            key, raw = arg[2:], overrides[i + 1]
-            i += 2
-        out[key.replace("-", "_")] = yaml.safe_load(raw)
-    return out
-
-
-def _resolve(value: str, base: Path) -> str:
-    p = Path(value).expanduser()
-    return str(p if p.is_absolute() else (base / p).resolve())
+PATH_KEYS = ("inputs.*.path", "inputs.*.image_root", "inputs.*.exclude_split", "kb_config")  # YAML-relative
 
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> SynthConfig:
-    """Build a `SynthConfig` from a YAML recipe and `--key value` overrides (dots reach nested keys).
+    """Build a `SynthConfig` from a YAML recipe and `--key value` overrides (dots reach nested keys), read by
+    `retrievers.config_file` (its YAML dialect; `PATH_KEYS` resolve against the recipe's folder).
 
     Raises:
         FileNotFoundError: the recipe does not exist.
-        ValueError: an unknown key (named, with the closest valid keys) or an invalid value.
+        ValueError: an unknown key (named, with the file and the closest valid keys) or an invalid value.
     """
-    values: dict = {}
-    if path is not None:
-        path = Path(path)
-        if not path.exists():
-            raise FileNotFoundError(f"synth recipe not found: {path}")
-        from retrievers.config import load_yaml
-
-        values = load_yaml(path) or {}
-        if not isinstance(values, dict):
-            raise ValueError(f"{path}: a recipe is a mapping of keys to values")
-        base = path.resolve().parent
-        for spec in values.get("inputs") or []:
-            for key in ("path", "image_root", "exclude_split"):
-                if isinstance(spec, dict) and spec.get(key):
-                    spec[key] = _resolve(spec[key], base)
-        kb = values.get("kb_config")
-        if kb:
-            values["kb_config"] = _resolve(kb, base) if isinstance(kb, str) else [_resolve(k, base) for k in kb]
-    for key, value in _parse_overrides(overrides or []).items():
-        head, _, rest = key.partition(".")
-        if rest:
-            if head not in ("teacher", "rejection"):
-                raise ValueError(f"override --{key}: only `teacher.*` and `rejection.*` take dotted keys")
-            values.setdefault(head, {})
-            values[head] = {**values[head], rest: value}
-        else:
-            values[key] = value
-    _check_keys(SynthConfig, values, str(path or "overrides"))
-    return SynthConfig(**values)
+    return load_config_file(SynthConfig, path, overrides or [], path_keys=PATH_KEYS, what="synth recipe")
