@@ -157,12 +157,17 @@ def check_keys(cls: type, values: dict, where: str, skip: Sequence[str] = ()) ->
             raise ValueError(f"unknown key {key!r} in {where}{hint}")
 
 
+def _absolute(value: str, base: Path) -> str:
+    p = resolve_path(value, None)
+    return str(p if p.is_absolute() else (base / p).resolve())  # an absolute path is kept as written
+
+
 def _resolve_keys(node: Any, parts: list[str], base: Path) -> Any:
     if not parts:
         if isinstance(node, str) and node:
-            return str(resolve_path(node, base).resolve())
+            return _absolute(node, base)
         if isinstance(node, list):
-            return [str(resolve_path(v, base).resolve()) if isinstance(v, str) and v else v for v in node]
+            return [_absolute(v, base) if isinstance(v, str) and v else v for v in node]
         return node
     head, rest = parts[0], parts[1:]
     if head == "*" and isinstance(node, list):
