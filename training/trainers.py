@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from agent.backends.models import warn_if_slow_bf16
 from training.config import StepDataArgs, StepGRPOConfig, StepSFTConfig
 from training.kb_lists import vary_kb_lists
 from training.rewards import PLAN, RewardFunc, build_reward
@@ -351,9 +352,12 @@ def train(trainer, cfg) -> dict:
     are saved as they are. (`Trainer.train` resumed at `global_step == max_steps` trains one step more: measured by
     benchmarks/chaos_kill9.py, 7 steps for `max_steps: 6`.)
     """
+    import torch
     from transformers import TrainerState
 
     trainer.add_callback(throughput_callback())
+    on_cpu = getattr(cfg, "use_cpu", False) or not torch.cuda.is_available()
+    warn_if_slow_bf16(bool(getattr(cfg, "bf16", False)), "cpu" if on_cpu else "cuda")
     checkpoint = resume_checkpoint(cfg)
     step = finished_at(checkpoint, getattr(cfg, "max_steps", -1)) if checkpoint else None
     if step is not None:

@@ -6,7 +6,7 @@ import logging
 from pathlib import Path
 
 from agent.backends.base import BackendError, Completion, Message, SamplingParams, text_only
-from agent.backends.models import load_merged, resolve_model, resolve_policy_model
+from agent.backends.models import load_merged, resolve_model, resolve_policy_model, warn_if_slow_bf16
 from agent.backends.prefix_cache import PrefixCache, batch_prefix_length, expanded, prefixed_batch
 from retrievers.batching import abandoned_items
 
@@ -79,6 +79,7 @@ class TransformersPolicy:
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         torch_dtype = dtype if dtype == "auto" else getattr(torch, dtype)
+        warn_if_slow_bf16(dtype == "bfloat16", self.device)
         if adapter:
             self.model = load_merged(path, adapter, torch_dtype, kwargs)
         else:

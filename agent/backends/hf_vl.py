@@ -25,7 +25,7 @@ from pathlib import Path
 
 from agent.backends.base import Completion, Message, SamplingParams
 from agent.backends.hf import abandoned_completion, all_abandoned, generate_completions
-from agent.backends.models import resolve_model
+from agent.backends.models import resolve_model, warn_if_slow_bf16
 from agent.backends.prefix_cache import PrefixCache, batch_prefix_length, expanded, prefixed_layout
 from retrievers.media import MediaError, fit_pixels, load_image
 
@@ -119,6 +119,7 @@ class VisionLanguagePolicy:
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         torch_dtype = dtype if dtype == "auto" else getattr(torch, dtype)
+        warn_if_slow_bf16(dtype == "bfloat16", self.device)
         self.model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch_dtype).to(self.device)
         self.model.eval()
         self.max_batch_size = max_batch_size

@@ -214,3 +214,22 @@ def load_merged(base_path: str, adapter: str, dtype, kwargs: dict):  # noqa: ANN
         logger.warning("could not keep the merged adapter in %s: %s", folder, e)
         shutil.rmtree(tmp, ignore_errors=True)
     return model
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 in hardware (avx512_bf16 or AMX); Linux /proc/cpuinfo, else True."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return True  # not Linux: don't guess
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def warn_if_slow_bf16(bf16: bool, device: str = "cpu") -> None:
+    """Log a warning when bfloat16 is asked on a CPU without bf16 units: its matmuls fall back to a scalar kernel
+    (measured: a 4096x576x1536 matmul took 6.7 s in bf16 and 0.14 s in float32 on an AMD EPYC without avx512_bf16)."""
+    if bf16 and device == "cpu" and not cpu_has_bf16():
+        logger.warning(
+            "bfloat16 on a CPU without avx512_bf16/amx_bf16 (see /proc/cpuinfo) is ~40x slower than float32 here; "
+            "use float32 (policy.dtype: float32, or bf16: false / --bf16 false in a training recipe)"
+        )
