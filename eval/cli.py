@@ -3,7 +3,11 @@
 CPU (SmolLM2-135M + MiniLM, small subsets of the shared sets, every method; < 15 min on 2 cores):
 
     kbrouter eval --config configs/eval/smollm2_cpu.yaml
-    kbrouter eval --config configs/eval/smollm2_cpu.yaml --limit 2 --methods no_retrieval agent agent.max_steps=2
+    kbrouter eval --config configs/eval/smollm2_cpu.yaml --limit 2 --methods no_retrieval agent --agent.max_steps 2
+
+Any config key is overridden by `--key value`, dots reaching nested keys (`--agent.max_steps 2 --batch_size 8
+--agent_variants.agent_sft.policy.adapter runs/other_sft`); values are YAML (`true`, `3`, `[a, b]`). The old
+`key=value` form is an error that gives the new one.
 
 GPU (the paper's setting, vLLM):
 
@@ -41,30 +45,26 @@ def main(argv: list[str] | None = None) -> int:
         help="write the report from the cached predictions only (compute nothing)",
     )
     parser.add_argument("--quiet", action="store_true", help="warnings only")
-    parser.add_argument("overrides", nargs="*", help="`key=value` overrides, e.g. agent.max_steps=2 batch_size=8")
-    args = parser.parse_args(argv)
+    args, overrides = parser.parse_known_args(argv)  # the rest: `--key value` overrides of the YAML
     logging.basicConfig(
         level=logging.WARNING if args.quiet else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
 
     from eval.config import load_eval_config
     from eval.runner import run_eval
+    from retrievers.config_file import parse_overrides
 
-    # `--methods a b key=value`: argparse hands trailing overrides to the list option; take them back
-    overrides = list(args.overrides)
-    for name in ("methods", "datasets"):
-        values = getattr(args, name)
-        if values:
-            overrides += [v for v in values if "=" in v]
-            setattr(args, name, [v for v in values if "=" not in v] or None)
+    values = []  # the flags, as typed (dotted key, value) pairs applied after the overrides
     if args.output_dir:
-        overrides.append(f"output_dir={args.output_dir}")
+        values.append(("output_dir", args.output_dir))
     if args.limit is not None:
-        overrides.append(f"dataset_defaults.limit={args.limit}")
+        values.append(("dataset_defaults.limit", args.limit))
     if args.methods:
-        overrides.append(f"methods={json.dumps(args.methods)}")
+        values.append(("methods", list(args.methods)))
     try:
-        cfg = load_eval_config(args.config, overrides)
+        for name in ("methods", "datasets"):  # argparse hands an old-style `key=value` after them to the list
+            parse_overrides([v for v in getattr(args, name) or [] if "=" in v])  # raises, giving the new form
+        cfg = load_eval_config(args.config, overrides, values)
         if args.datasets:
             names = [d.get("name") for d in cfg.datasets]
             unknown = sorted(set(args.datasets) - set(names))

@@ -1,4 +1,4 @@
-"""The eval config: one dataclass read from YAML, with `key=value` overrides from the command line.
+"""The eval config: one dataclass read from YAML, with `--key value` overrides from the command line.
 
 Paths in the YAML (`kb_config`, `shared_data`, `corpora_dir`, dataset `path`/`image_root`/`split_file`, and policy
 `model`/`adapter` paths that exist there) resolve against the YAML file's folder; `output_dir` resolves against the
@@ -15,18 +15,15 @@ Agent variants are named step-agent methods, each a `policy:` and an `agent:` ma
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-import yaml
-
 from agent.loop import AgentConfig
 from eval.datasets import SPEC_KEYS, DatasetSpec
-from retrievers.config import load_yaml
+from retrievers.config_file import read_config, resolve_path
 
 
 @dataclass
@@ -165,7 +162,7 @@ class EvalConfig:
         for key in POLICY_PATH_KEYS:
             if isinstance(settings.get(key), str):
                 value = os.path.expandvars(settings[key])
-                near = _resolve(value, base)
+                near = resolve_path(value, base)
                 settings[key] = str(near) if not Path(value).is_absolute() and near.exists() else value
         return settings
 
@@ -200,14 +197,14 @@ class EvalConfig:
                 )
             for key in ("path", "image_root", "split_file"):
                 if d.get(key):
-                    d[key] = str(_resolve(d[key], base))
+                    d[key] = str(resolve_path(d[key], base))
             specs.append(DatasetSpec(**d))
         return specs
 
     def path(self, key: str) -> Path:
         """A path setting resolved against the config file's folder."""
         base = Path(self.source_file).parent if self.source_file else Path(".")
-        return _resolve(getattr(self, key), base)
+        return resolve_path(getattr(self, key), base)
 
     def policy_key(self, method: str) -> str:
         """Methods with the same key share one loaded policy."""
@@ -270,49 +267,16 @@ def _files_stamp(path: Path) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def _resolve(value: str, base: Path) -> Path:
-    p = Path(os.path.expandvars(str(value))).expanduser()
-    return p if p.is_absolute() else base / p
-
-
-def apply_override(data: dict, override: str) -> None:
-    """Apply one `a.b.c=value` override (value parsed as YAML) to a nested dict, in place.
-
-    Raises:
-        ValueError: not of the form key=value.
-    """
-    if "=" not in override:
-        raise ValueError(f"override {override!r} is not key=value (e.g. `agent.max_steps=2`)")
-    key, _, raw = override.partition("=")
-    node = data
-    parts = key.strip().split(".")
-    for part in parts[:-1]:
-        node = node.setdefault(part, {})
-        if not isinstance(node, dict):
-            raise ValueError(f"override {override!r}: {part!r} is not a mapping")
-    node[parts[-1]] = yaml.safe_load(raw)
-
-
-def load_eval_config(path: str | Path, overrides: list[str] = ()) -> EvalConfig:
-    """Read an eval YAML and apply overrides.
+def load_eval_config(path: str | Path, overrides: list[str] = (), values: list[tuple] = ()) -> EvalConfig:
+    """Read an eval YAML and apply `--key value` overrides (dots reach nested keys: `--agent.max_steps 2`), then the
+    typed `(dotted key, value)` pairs of `values` (CLI flags), through `retrievers.config_file` (its YAML dialect; an
+    old-style `key=value` override is an error giving the new form).
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: an unknown key (named, with the valid ones) or an invalid value.
+        ValueError: an unknown key (named, with the file) or an invalid value.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"eval config {str(path)!r} does not exist")
-    data = load_yaml(path) or {}
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a mapping of eval settings")
-    data = copy.deepcopy(data)
-    for o in overrides:
-        apply_override(data, o)
-    valid = [f.name for f in fields(EvalConfig) if f.name != "source_file"]
-    unknown = sorted(set(data) - set(valid))
-    if unknown:
-        raise ValueError(f"{path}: unknown key(s) {unknown}; valid keys: {', '.join(valid)}")
+    data = read_config(EvalConfig, path, list(overrides), values=values, skip=("source_file",), what="eval config")
     try:
         return EvalConfig(**data, source_file=str(path))
     except (TypeError, ValueError) as e:

@@ -115,7 +115,7 @@ def test_extending_a_run_computes_only_the_new_method(tmp_path: Path, questions_
         "cost/latency_s": only["per_dataset"]["toy"]["agent"]["cost/latency_s"]
     }
     # changed settings make the cached predictions stale: they are recomputed
-    cfg = load_eval_config(eval_yaml(tmp_path, questions_file, ["no_retrieval"]), ["agent.max_steps=1"])
+    cfg = load_eval_config(eval_yaml(tmp_path, questions_file, ["no_retrieval"]), ["--agent.max_steps", "1"])
     computed.clear()
     run_eval(cfg, policy=FakePolicy(), kbs=fake_kbs, on_prediction=computed.append)
     assert len(computed) == len(QUESTIONS)
@@ -172,14 +172,15 @@ def test_unknown_method_lists_valid_ones(tmp_path: Path, questions_file: Path, f
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["batch_sizes=3"], r"unknown key\(s\) \['batch_sizes'\]"),  # typo in a top-level key
-        (["agent.max_step=2"], r"`agent` has unknown key\(s\) \['max_step'\]"),  # typo in an agent field
-        (["batch_size=0"], r"`batch_size` must be >= 1"),  # invalid value, with the fix
-        (["nokeyvalue"], r"is not key=value"),  # malformed override
-        (["seed=abc"], r"`seed` must be an integer, got 'abc'"),  # a wrong type: a traceback later, before
-        (["batch_size=true"], r"`batch_size` must be an integer, got True"),  # a bool is not a count
-        (["k_per_kb=0"], r"`k_per_kb` must be >= 1"),
-        (["methods=agent"], r"`methods` must be a list"),
+        (["--batch_sizes", "3"], r"unknown key 'batch_sizes' in .*out\.yaml; did you mean \['batch_size'\]"),  # a typo
+        (["--agent.max_step", "2"], r"`agent` has unknown key\(s\) \['max_step'\]"),  # typo in an agent field
+        (["--batch_size", "0"], r"`batch_size` must be >= 1"),  # invalid value, with the fix
+        (["nokeyvalue"], r"unexpected argument 'nokeyvalue'; overrides look like `--key value`"),
+        (["batch_size=8"], r"'batch_size=8' is the old `key=value` form; write `--batch_size 8`"),
+        (["--seed", "abc"], r"`seed` must be an integer, got 'abc'"),  # a wrong type: a traceback later, before
+        (["--batch_size=true"], r"`batch_size` must be an integer, got True"),  # a bool is not a count
+        (["--k_per_kb", "0"], r"`k_per_kb` must be >= 1"),
+        (["--methods", "agent"], r"`methods` must be a list"),
     ],
 )
 def test_bad_config(tmp_path: Path, questions_file: Path, overrides: list[str], message: str) -> None:
@@ -197,10 +198,19 @@ def test_cli_help_and_errors(tmp_path: Path, questions_file: Path, capsys: pytes
     cfg = eval_yaml(tmp_path, bad, ["no_retrieval"])
     assert main(["--config", str(cfg), "--quiet"]) == 2
     assert f"{bad}:2: not valid JSON" in capsys.readouterr().out
-    # `key=value` after `--methods` is an override, not a method name (argparse would give it to --methods)
-    assert main(["--config", str(cfg), "--quiet", "--methods", "no_retrieval", "agent.max_step=2"]) == 2
+    # `--key value` after `--methods` is an override, not a method name
+    assert main(["--config", str(cfg), "--quiet", "--methods", "no_retrieval", "--agent.max_step", "2"]) == 2
     out = capsys.readouterr().out
     assert "`agent` has unknown key(s) ['max_step']" in out and "unknown method" not in out
+    # the old `key=value` form, after `--methods` or alone, gives the new form instead of running
+    for old in (["--methods", "no_retrieval", "agent.max_steps=2"], ["agent.max_steps=2"]):
+        assert main(["--config", str(cfg), "--quiet", *old]) == 2
+        assert "is the old `key=value` form; write `--agent.max_steps 2`" in capsys.readouterr().out
+    # the help gives the new form and no example of the old one
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    help_text = capsys.readouterr().out
+    assert "--agent.max_steps 2" in help_text and "max_steps=" not in help_text
 
 
 def _write_rows(path: Path, rows: list[dict]) -> None:
@@ -239,10 +249,10 @@ def test_a_changed_row_seed_or_kb_set_is_recomputed(tmp_path: Path, questions_fi
     cfg_path = eval_yaml(tmp_path, questions_file, ["no_retrieval"])
     assert computed_ids(cfg_path) == []
     # another seed, or another KB set, makes every prediction stale
-    assert computed_ids(cfg_path, overrides=("seed=7",)) == ["q1", "q2", "q3", "q4"]
-    assert computed_ids(cfg_path, overrides=("seed=7",)) == []
+    assert computed_ids(cfg_path, overrides=("--seed", "7")) == ["q1", "q2", "q3", "q4"]
+    assert computed_ids(cfg_path, overrides=("--seed", "7")) == []
     fewer = {"Text KB": fake_kbs["Text KB"]}
-    assert computed_ids(cfg_path, kbs=fewer, overrides=("seed=7",)) == ["q1", "q2", "q3", "q4"]
+    assert computed_ids(cfg_path, kbs=fewer, overrides=("--seed", "7")) == ["q1", "q2", "q3", "q4"]
 
 
 def test_a_row_digest_covers_what_the_method_sees_and_not_the_gold() -> None:

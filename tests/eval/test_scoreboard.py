@@ -214,10 +214,10 @@ def test_method_settings_override_a_builtin_methods_loop(tmp_path: Path, questio
 
 def test_variant_override_from_the_command_line(tmp_path: Path, questions_file: Path) -> None:
     path = _variants_yaml(tmp_path, questions_file, {"v": {"agent": {"few_shot": False}}})
-    cfg = load_eval_config(path, ["agent_variants.v.agent.max_steps=1"])
+    cfg = load_eval_config(path, ["--agent_variants.v.agent.max_steps", "1"])
     assert cfg.agent_config("v").max_steps == 1 and cfg.agent_config("v").few_shot is False
     with pytest.raises(ValueError, match=r"agent_variants\.v\.agent has unknown key\(s\) \['maxsteps'\]"):
-        load_eval_config(path, ["agent_variants.v.agent.maxsteps=1"])
+        load_eval_config(path, ["--agent_variants.v.agent.maxsteps", "1"])
 
 
 class _Counted(FakePolicy):
