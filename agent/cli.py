@@ -11,7 +11,7 @@ import json
 import logging
 import sys
 import time
-from dataclasses import fields
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.backends.factory import PolicyConfig
@@ -25,7 +25,11 @@ DEFAULT_MODEL = "smollm2-kbrouter"
 
 def add_common_args(ap: argparse.ArgumentParser, kb_default: str | None = None) -> None:
     ap.add_argument("--kb", default=kb_default, help="KB YAML file (configs/kb/*.yaml)")
-    ap.add_argument("--config", help="YAML with `policy:` and `agent:` sections; flags override it")
+    ap.add_argument(
+        "--config",
+        help="YAML with `policy:`, `agent:` and `kb:` sections; flags override it, and so do `--policy.KEY value` / "
+        "`--agent.KEY value` overrides (e.g. `--agent.evidence_chars 400`)",
+    )
     ap.add_argument("--backend", choices=["transformers", "vl", "openai", "vllm"], help="policy backend")
     ap.add_argument(
         "--model",
@@ -64,33 +68,35 @@ def add_common_args(ap: argparse.ArgumentParser, kb_default: str | None = None) 
     ap.add_argument("-v", "--verbose", action="store_true")
 
 
-def _checked(d: dict, cls: type, where: str) -> dict:
-    valid = {f.name for f in fields(cls)}
-    unknown = sorted(set(d) - valid)
-    if unknown:
-        raise ValueError(f"{where}: unknown key(s) {unknown}; valid keys: {sorted(valid)}")
-    return d
+@dataclass
+class RunFile:
+    """The `--config` YAML of run / ask / demo / serve (read by `retrievers.config_file`; `kb` resolves against the
+    YAML's folder). Flags override it, and so do `--policy.KEY value` / `--agent.KEY value` overrides."""
+
+    policy: dict = field(default_factory=dict, metadata={"help": "agent.backends.factory.PolicyConfig fields"})
+    agent: dict = field(default_factory=dict, metadata={"help": "agent.loop.AgentConfig fields"})
+    kb: str = field(default="", metadata={"help": "KB YAML file (configs/kb/*.yaml)"})
 
 
 def resolve_configs(args: argparse.Namespace) -> tuple[PolicyConfig, AgentConfig, str]:
-    """YAML (optional) + flags → (policy config, agent config, KB file)."""
-    from retrievers.config import load_yaml
+    """YAML (optional) + `--a.b value` overrides (`args.overrides`, optional) + flags → (policy config, agent config,
+    KB file).
 
-    raw: dict = {}
-    if args.config:
-        path = Path(args.config)
-        if not path.exists():
-            raise FileNotFoundError(f"config file {path} does not exist")
-        raw = load_yaml(path) or {}
-        if not isinstance(raw, dict):
-            raise ValueError(f"{path}: expected a mapping with `policy:`, `agent:` and/or `kb:` sections")
-        unknown = sorted(set(raw) - {"policy", "agent", "kb"})
-        if unknown:
-            raise ValueError(f"{path}: unknown top-level key(s) {unknown}; valid: ['agent', 'kb', 'policy']")
-        if raw.get("kb"):
-            raw["kb"] = str((path.parent / raw["kb"]).resolve()) if not Path(raw["kb"]).is_absolute() else raw["kb"]
-    pol = _checked(dict(raw.get("policy") or {}), PolicyConfig, f"{args.config}: policy")
-    agent = _checked(dict(raw.get("agent") or {}), AgentConfig, f"{args.config}: agent")
+    Raises:
+        FileNotFoundError: the `--config` file does not exist.
+        ValueError: malformed YAML or override, or an unknown key (named, with the file).
+    """
+    from retrievers.config_file import check_keys, read_config
+
+    where = args.config or "the overrides"
+    raw = read_config(RunFile, args.config, getattr(args, "overrides", None) or [], path_keys=("kb",))
+    for key in ("policy", "agent"):
+        if not isinstance(raw.get(key) or {}, dict):
+            raise ValueError(f"{where}: `{key}` must be a mapping of settings, got {raw[key]!r}")
+    check_keys(PolicyConfig, raw.get("policy") or {}, f"{where}: policy")
+    check_keys(AgentConfig, raw.get("agent") or {}, f"{where}: agent")
+    pol = dict(raw.get("policy") or {})
+    agent = dict(raw.get("agent") or {})
     for flag, key in (("backend", "backend"), ("model", "model"), ("base_url", "base_url"), ("adapter", "adapter")):
         if getattr(args, flag) is not None:
             pol[key] = getattr(args, flag)
@@ -160,7 +166,7 @@ def ask_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--image", help="path of an image that goes with the question (needs a VL policy: --backend vl)")
     ap.add_argument("--out", help="append the trajectory to this JSONL file")
     add_common_args(ap, kb_default=str(DEMO_KB))
-    args = ap.parse_args(argv)
+    args, args.overrides = ap.parse_known_args(argv)  # the rest: `--policy.KEY value` / `--agent.KEY value`
     q = question_from_row(
         {"id": "ask", "question": args.question, **({"image": args.image} if args.image else {})}, where="question"
     )
@@ -200,7 +206,7 @@ def run_main(argv: list[str] | None = None) -> int:
         "(default: on; --no-retry-errors keeps them as done)",
     )
     add_common_args(ap)
-    args = ap.parse_args(argv)
+    args, args.overrides = ap.parse_known_args(argv)  # the rest: `--policy.KEY value` / `--agent.KEY value`
     if args.batch_size < 1:
         ap.error(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.limit is not None and args.limit < 0:
@@ -254,7 +260,7 @@ def demo_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--questions", default=str(DEMO_QUESTIONS))
     ap.add_argument("--limit", type=int, default=None)
     add_common_args(ap, kb_default=str(DEMO_KB))
-    args = ap.parse_args(argv)
+    args, args.overrides = ap.parse_known_args(argv)  # the rest: `--policy.KEY value` / `--agent.KEY value`
     console = Console()
     console.print("[bold]kbrouter demo[/bold]: building/loading the demo KBs (cached after the first run) …")
     questions = read_questions(args.questions)[: args.limit]
