@@ -143,8 +143,10 @@ def scoreboard_subset(adapters: dict[str, str], limit: int, out: Path) -> dict:
 
     import yaml
 
+    from retrievers.config_file import load_yaml
+
     base = REPO / SCOREBOARD
-    cfg = yaml.safe_load(base.read_text())
+    cfg = load_yaml(base)
     here = base.parent
     for key in ("kb_config", "shared_data", "corpora_dir"):
         cfg[key] = str((here / cfg[key]).resolve())
@@ -177,15 +179,15 @@ def main() -> None:
     ap.add_argument("--scoreboard-limit", type=int, default=4, help="scoreboard questions per dataset (0: skip)")
     args = ap.parse_args()
 
-    import yaml
     from router_stages import mean_se
 
+    from retrievers.config_file import load_yaml
     from training.config import RewardSpec
     from training.rewards import build_reward
     from training.step_data import load_step_records
 
     synth = REPO / args.synth
-    recipe = yaml.safe_load((REPO / OFFLINE).read_text())
+    recipe = load_yaml(REPO / OFFLINE)
     tmp = Path(tempfile.mkdtemp(prefix="online_vs_offline_"))
     start = ["--init_adapter", str(REPO / args.sft)]
     figs = {

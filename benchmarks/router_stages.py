@@ -104,15 +104,14 @@ def main() -> None:
                     help="re-render SHARE of the routing prompts with a shuffled subset of the KB list (seed 123)")  # fmt: skip
     args = ap.parse_args()
 
-    import yaml
-
     from agent.backends.hf import TransformersPolicy
+    from retrievers.config_file import load_yaml
     from training.config import RewardSpec
     from training.rewards import build_reward
     from training.step_data import load_step_records
     from training.step_dataset import build_step_dataset
 
-    recipe = yaml.safe_load((REPO / args.recipe).read_text())
+    recipe = load_yaml(REPO / args.recipe)  # the recipes' own dialect (`1e-4` a float)
     specs = [RewardSpec.from_dict(d) for d in recipe["rewards"]]
     funcs = [build_reward(s.name, **{**s.kwargs, "gate": True} if s.name != "format" else s.kwargs) for s in specs]
     weights = [s.weight for s in specs]
