@@ -66,37 +66,13 @@ def plan_batches(questions: Sequence[Question], questions_per_batch: int) -> lis
 
 
 def load_kbs(cfg: SynthConfig) -> dict[str, KnowledgeBase]:
-    """The KBs of `cfg.kb_config` (built first when `build_kbs`), keyed by display name."""
-    from agent.kbs import describe
-    from retrievers.config import load_kb_configs
-    from retrievers.kb import build_kb, load_kb
+    """The KBs of `cfg.kb_config` (built first when `build_kbs`), keyed by display name (`agent.kbs`' loader)."""
+    from agent.kbs import load_knowledge_bases
 
     files = [cfg.kb_config] if isinstance(cfg.kb_config, str) else list(cfg.kb_config)
     if not any(files):
         raise ValueError("`kb_config` is empty; set e.g. `kb_config: ../kb/demo.yaml` in the recipe")
-    configs = [c for f in files for c in load_kb_configs(f)]
-    if cfg.kbs:
-        unknown = set(cfg.kbs) - {c.name for c in configs}
-        if unknown:
-            raise ValueError(f"unknown KB name(s) {sorted(unknown)} in `kbs`; {cfg.kb_config} has "
-                             f"{[c.name for c in configs]}")  # fmt: skip
-        configs = [c for c in configs if c.name in cfg.kbs]
-    for key in ("name", "display_name"):
-        values = [getattr(c, key) for c in configs]
-        if len(set(values)) != len(values):
-            raise ValueError(f"KB {key}s repeat across {files}: {values}; keep one KB per {key} (see `kbs`)")
-    missing = [(c.name, str(c.corpus)) for c in configs if "remote" not in c.options and not Path(c.corpus).exists()]
-    if missing:
-        raise FileNotFoundError(f"KB corpus missing: {missing}. Corpora under outputs/eval_corpora are derived from the "
-                                "shared data: write them with `python -m eval.corpora --out outputs/eval_corpora`")  # fmt: skip
-    kbs = {}
-    for c in configs:
-        if cfg.build_kbs:
-            build_kb(c, progress=False)
-        kbs[c.display_name] = KnowledgeBase(
-            c.name, c.display_name, load_kb(c), c.k, c.description or describe(c.kind, c.granularity, c.options or {})
-        )
-    return kbs
+    return load_knowledge_bases(files, only=cfg.kbs, build=cfg.build_kbs)
 
 
 def agent_config(cfg: SynthConfig, seed: int) -> AgentConfig:

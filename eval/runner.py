@@ -204,21 +204,19 @@ def run_eval(
     # datasets first: a malformed file fails before the (slow) KB build
     loaded: list[LoadedDataset] = [load_dataset(spec, cfg.path("shared_data")) for spec in cfg.dataset_specs()]
     variants = list(cfg.variants())
-    if kbs is None:
-        from agent.kbs import load_knowledge_bases
+    if kbs is not None:
+        kb_names = [kb.name for kb in kbs.values()]
+    else:
+        from agent.kbs import kb_configs, load_knowledge_bases
 
         if not cfg.kb_config:
             raise ValueError("`kb_config` is not set; point it at a KB YAML, e.g. `kb_config: ../kb/eval_cpu.yaml`")
         if compute:
-            kbs = load_knowledge_bases(str(cfg.path("kb_config")))
-        else:  # the report needs only the KB names: no index is built or loaded
-            from retrievers.config import load_kb_configs
-
-            kbs = {
-                c.display_name: KnowledgeBase(c.name, c.display_name, None, c.k)  # type: ignore[arg-type]
-                for c in load_kb_configs(cfg.path("kb_config"))
-            }
-    kb_names = [kb.name for kb in kbs.values()]
+            kbs = load_knowledge_bases(cfg.path("kb_config"))
+            kb_names = [kb.name for kb in kbs.values()]
+        else:  # the report needs only the KB names: no index is built or loaded, and no method runs
+            kbs = {}
+            kb_names = [c.name for c in kb_configs(cfg.path("kb_config"))]
     methods = resolve_methods(cfg.methods, kb_names, variants)
     table = available_methods(kb_names, variants)
     cache_path = out_dir / CACHE_FILE

@@ -374,3 +374,23 @@ def test_report_only_changes_no_input(tmp_path: Path, questions_file: Path, fake
     assert cache.read_bytes() == before  # not repaired, not appended to
     assert only["per_dataset"]["toy"]["no_retrieval"]["n"] == len(QUESTIONS)
     assert not Path(load_eval_config(cfg_path).path("corpora_dir")).exists()  # no derived corpus was written
+
+
+def test_a_report_only_run_names_the_kbs_of_kb_config_without_building_them(
+    tmp_path: Path, questions_file: Path, fake_kbs
+) -> None:
+    """`compute=False` with no KBs given reads only the KB names of `kb_config` (`agent.kbs.kb_configs`)."""
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"id": "p1", "contents": "Paris"}\n')
+    kb_yaml = tmp_path / "kb.yaml"
+    kb_yaml.write_text(
+        "knowledge_bases:\n"
+        f"  - {{name: wiki, display_name: Text KB, kind: text, search: bm25, corpus: {corpus}, index_dir: {tmp_path / 'i1'}}}\n"
+        f"  - {{name: tables, display_name: Table KB, kind: text, search: bm25, corpus: {corpus}, index_dir: {tmp_path / 'i2'}}}\n"
+    )
+    cfg = load_eval_config(eval_yaml(tmp_path, questions_file, ["no_retrieval", "single_kb"], kb_config=str(kb_yaml)))
+    computed = run_eval(cfg, policy=FakePolicy(), kbs=fake_kbs)
+    report = run_eval(cfg, compute=False)
+    assert _without_latency(report) == _without_latency(computed)
+    assert set(report["macro"]) == {"no_retrieval", "rag_wiki", "rag_tables"}  # the methods the KB names expand to
+    assert not (tmp_path / "i1").exists() and not (tmp_path / "i2").exists()  # no index was built

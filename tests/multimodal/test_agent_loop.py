@@ -14,11 +14,10 @@ from pathlib import Path
 import pytest
 
 from agent.backends.base import Completion, SamplingParams
-from agent.kbs import KnowledgeBase
+from agent.kbs import knowledge_bases
 from agent.loop import AgentConfig, StepAgent
 from agent.protocol import PLAN_SYSTEM
 from agent.types import Question, Trajectory
-from retrievers.kb import build_kb, load_kb
 
 from .conftest import DEMO, TINY_CLIP
 
@@ -39,6 +38,7 @@ def media_kbs(tmp_path_factory):
             corpus=DEMO / "images" / "images.jsonl",
             search="dense",
             index_dir=root / "image",
+            k=2,
             options={**TINY_CLIP, "visual_weight": 0.2},
         ),
         KBConfig(
@@ -48,14 +48,11 @@ def media_kbs(tmp_path_factory):
             corpus=DEMO / "videos",
             search="dense",
             index_dir=root / "clip",
+            k=2,
             options={**TINY_CLIP, "visual_weight": 0.2, "frames_per_clip": 2, "skip_nonref": True},
         ),
     ]
-    kbs = {}
-    for cfg in configs:
-        build_kb(cfg, progress=False)
-        kbs[cfg.display_name] = KnowledgeBase(cfg.name, cfg.display_name, load_kb(cfg), k=2)
-    return kbs
+    return knowledge_bases(configs)
 
 
 class Recording:
