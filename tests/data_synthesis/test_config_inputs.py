@@ -30,7 +30,7 @@ def test_recipe_count():
     [
         (["--m", "2"], lambda c: c.m == 2),  # plain key
         (["--teacher.model", "/models/x"], lambda c: c.teacher.model == "/models/x"),  # dotted nested key
-        (["--rejection.max_steps=2"], lambda c: c.rejection.max_steps == 2),  # key=value form
+        (["--rejection.max_steps=2"], lambda c: c.rejection.max_steps == 2),  # `--key=value` form
         (["--shard", "1", "--num_shards", "4"], lambda c: (c.shard, c.num_shards) == (1, 4)),
     ],
 )
