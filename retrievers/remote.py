@@ -9,17 +9,18 @@ KB config::
         corpus: ../../data/demo/passages.jsonl
         options: {remote: http://127.0.0.1:8765}     # remote_timeout, remote_retries, remote_kb are optional
 
-Connection failures and 503s are retried with exponential back-off; after the last try a `ConnectionError` names
-the URL and how to fix it. Other answers are not retried: a 4xx raises `ValueError` and a 500 (the KB's search
-failed) `RuntimeError`, each with the service's message.
+Connection failures, 5xx and 429 answers are retried with exponential back-off (`retrievers.retry.RetryPolicy`, the
+one retry policy); after the last try a `ConnectionError` names the URL and how to fix it (a 503 or no answer), or a
+`RuntimeError` gives the service's message (another 5xx: the KB's search failed). Any other 4xx is not retried: it
+raises `ValueError` with the service's message.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import time
 
+from retrievers.retry import RetryPolicy, retryable_status
 from retrievers.types import Hit, Query, as_queries
 
 logger = logging.getLogger(__name__)
@@ -32,7 +33,7 @@ class RemoteRetriever:
         url: service base URL, e.g. `http://127.0.0.1:8765`.
         kb: KB name on the service.
         timeout: seconds per HTTP request.
-        retries: extra attempts after a connection error, timeout or 503.
+        retries: extra attempts after a connection error, timeout, 5xx or 429.
         backoff: first back-off in seconds; doubled after every failed attempt.
         max_queries: queries per request (the service's `max_queries` bound); larger batches are split.
         api_key: Bearer key of a service started with `--api-key` (default: the first of `$KBROUTER_API_KEY`).
@@ -59,6 +60,7 @@ class RemoteRetriever:
         self.timeout = timeout
         self.retries = retries
         self.backoff = backoff
+        self.retry = RetryPolicy.from_retries(retries, backoff)
         self.max_queries = max_queries
         self._httpx = httpx
         key = api_key or next(iter(os.environ.get("KBROUTER_API_KEY", "").split(",")), "").strip()
@@ -71,36 +73,30 @@ class RemoteRetriever:
 
     def _post(self, payload: dict) -> dict:
         httpx = self._httpx
-        delay = self.backoff
-        last: Exception | None = None
-        for attempt in range(self.retries + 1):
+
+        def once() -> dict:
+            response = self._client.post("/search", json=payload)
+            response.raise_for_status()
+            return response.json()
+
+        try:
+            return self.retry.call(once, what=f"retrieval service {self.url}")
+        except httpx.HTTPStatusError as e:
+            status, last = e.response.status_code, e
             try:
-                response = self._client.post("/search", json=payload)
-            except httpx.TransportError as e:  # refused, reset, timed out
-                last = e
-            else:
-                if response.status_code == 503:
-                    last = RuntimeError(f"503: {response.text[:200]}")
-                elif response.status_code >= 400:
-                    try:
-                        message = response.json().get("error", response.text)
-                    except ValueError:
-                        message = response.text
-                    if response.status_code < 500:
-                        raise ValueError(
-                            f"retrieval service {self.url} rejected the request ({response.status_code}): {message}"
-                        )
-                    raise RuntimeError(f"retrieval service {self.url} failed ({response.status_code}): {message}")
-                else:
-                    return response.json()
-            if attempt < self.retries:
-                logger.warning(
-                    "retrieval service %s: %s; retry %d/%d in %.2fs", self.url, last, attempt + 1, self.retries, delay
-                )
-                time.sleep(delay)
-                delay *= 2
+                message = e.response.json().get("error", e.response.text)
+            except ValueError:
+                message = e.response.text
+            if not retryable_status(status):
+                raise ValueError(f"retrieval service {self.url} rejected the request ({status}): {message}") from e
+            if status != 503:  # the service answered, but the KB's search failed every time
+                raise RuntimeError(
+                    f"retrieval service {self.url} failed ({status}) after {self.retry.attempts} attempts: {message}"
+                ) from e
+        except httpx.TransportError as e:  # refused, reset, timed out
+            last = e
         raise ConnectionError(
-            f"retrieval service at {self.url} did not answer after {self.retries + 1} attempts ({last}); start it "
+            f"retrieval service at {self.url} did not answer after {self.retry.attempts} attempts ({last}); start it "
             f"with `kbrouter serve-retrieval --kb <your KB yaml> --port <port>` or fix `remote:` in the KB YAML"
         )
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from agent.backends.base import Completion, Message, SamplingParams
+from retrievers.retry import RetryPolicy, http_status
 
 logger = logging.getLogger(__name__)
 
@@ -54,8 +54,10 @@ def image_data_url(path: str) -> str:
 class OpenAICompatiblePolicy:
     """Sends each conversation as one `/v1/chat/completions` request, `concurrency` at a time.
 
-    A request that fails is retried `retries` times with exponential back-off; after that its completion comes back
-    with `finish_reason="error"` (the loop records `backend_error` for that trajectory only).
+    A request that fails with a connection error, a timeout, HTTP 5xx or 429 is retried `retries` times with
+    exponential back-off (`retrievers.retry.RetryPolicy`, the one retry policy); any other 4xx is not retried. A
+    request that still fails comes back as a completion with `finish_reason="error"` (the loop records
+    `backend_error` for that trajectory only).
 
     Args:
         base_url: e.g. `http://127.0.0.1:8000/v1`.
@@ -89,8 +91,8 @@ class OpenAICompatiblePolicy:
         self.url = base_url.rstrip("/") + "/chat/completions"
         key = api_key or os.environ.get("OPENAI_API_KEY", "EMPTY")
         self._client = httpx.Client(timeout=timeout, headers={"Authorization": f"Bearer {key}"})
-        self._status_error = httpx.HTTPStatusError
-        self.concurrency, self.retries, self.backoff = concurrency, retries, backoff
+        self.concurrency = concurrency
+        self.retry = RetryPolicy.from_retries(retries, backoff)  # connection errors, 5xx, 429; never another 4xx
 
     def _one(self, messages: list[Message], params: SamplingParams) -> Completion:
         body: dict = {
@@ -111,22 +113,23 @@ class OpenAICompatiblePolicy:
                 raise ValueError("this OpenAI-compatible policy has grammar_field 'none': it cannot send a grammar")
             body.pop("stop", None)  # the grammar ends the reply; a stop string would cut its last tag
             body.update(GRAMMAR_FIELDS[self.grammar_field](params.grammar))
-        error = ""
-        for attempt in range(self.retries + 1):
-            try:
-                r = self._client.post(self.url, json=body)
-                if r.status_code < 500 and r.status_code != 429:
-                    r.raise_for_status()
-                    return self._completion(r.json(), params)
-                error = f"HTTP {r.status_code}: {r.text[:200]}"
-            except Exception as e:  # connection refused, timeout, HTTP 4xx, malformed JSON
-                error = f"{type(e).__name__}: {e}"
-                if isinstance(e, self._status_error):  # a 4xx will not get better by retrying
-                    break
-            if attempt < self.retries:
-                time.sleep(self.backoff * 2**attempt)
-        logger.warning("request to %s failed after %d tries: %s", self.url, self.retries + 1, error)
-        return Completion(text="", finish_reason="error", metadata={"error": f"{self.url}: {error}"})
+
+        def post() -> Completion:
+            r = self._client.post(self.url, json=body)
+            r.raise_for_status()
+            return self._completion(r.json(), params)
+
+        try:
+            return self.retry.call(post, what=f"request to {self.url}")
+        except Exception as e:  # connection refused, timeout, HTTP error, malformed answer: this conversation fails
+            status = http_status(e)
+            error = f"HTTP {status}: {e.response.text[:200]}" if status is not None else f"{type(e).__name__}: {e}"
+        logger.warning("request to %s failed (attempts allowed: %d): %s", self.url, self.retry.attempts, error)
+        # `retryable: False`: the retry policy has had its say (or the request was a 4xx); a wrapper such as the
+        # synthesis teacher must not retry it again (that would stack a second retry layer on this one)
+        return Completion(
+            text="", finish_reason="error", metadata={"error": f"{self.url}: {error}", "retryable": False}
+        )
 
     @staticmethod
     def _completion(data: dict, params: SamplingParams) -> Completion:

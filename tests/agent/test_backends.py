@@ -98,7 +98,7 @@ def test_unreachable_server_gives_error_completion_not_exception():
     assert out.finish_reason == "error" and f"127.0.0.1:{port}" in out.metadata["error"]
 
 
-@pytest.mark.parametrize("status, tries", [(400, 1), (404, 1), (503, 3)])
+@pytest.mark.parametrize("status, tries", [(400, 1), (404, 1), (422, 1), (429, 3), (500, 3), (503, 3)])
 def test_a_client_error_is_not_retried_a_server_error_is(status, tries):
     """4xx: the request is wrong, asking again cannot help; 5xx: the server may recover (retries=2: three tries)."""
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer

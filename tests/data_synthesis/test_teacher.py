@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from agent.backends.base import BackendError, Completion, SamplingParams
 from data_synthesis.teacher import RetryingPolicy
 
@@ -67,3 +69,47 @@ def test_a_batch_that_always_raises_is_split_per_conversation():
     out = RetryingPolicy(inner, retries=1, backoff_s=0, sleep=lambda s: None).generate(_convs("a", "bad"), PARAMS)
     assert out[0].text == "ok:a" and out[1].finish_reason == "error" and "request rejected" in out[1].metadata["error"]
     assert inner.calls == [["a", "bad"], ["a", "bad"], ["a"], ["bad"], ["bad"]]
+
+
+def test_an_error_the_inner_policy_already_retried_is_not_retried_again():
+    """`OpenAICompatiblePolicy` retries its own requests and marks what is left `retryable: False`: one layer."""
+
+    class Retried(Flaky):
+        def generate(self, conversations, params):
+            self.calls.append([c[0]["content"] for c in conversations])
+            return [Completion("", finish_reason="error", metadata={"error": "HTTP 503", "retryable": False})
+                    if "bad" in c[0]["content"] else Completion("ok") for c in conversations]  # fmt: skip
+
+    waits: list[float] = []
+    inner = Retried()
+    out = RetryingPolicy(inner, retries=3, backoff_s=1, sleep=waits.append).generate(_convs("a", "bad"), PARAMS)
+    assert [c.finish_reason for c in out] == ["stop", "error"] and out[1].metadata["error"] == "HTTP 503"
+    assert inner.calls == [["a", "bad"]] and waits == []
+    out = RetryingPolicy(inner, retries=3, backoff_s=1, sleep=waits.append).generate(_convs("bad"), PARAMS)
+    assert out[0].finish_reason == "error" and len(inner.calls) == 2 and waits == []
+
+
+def test_a_client_error_raised_by_the_inner_policy_propagates_unretried():
+    import httpx
+
+    class Rejecting(Flaky):
+        def generate(self, conversations, params):
+            self.calls.append(1)
+            request = httpx.Request("POST", "http://x/v1")
+            raise httpx.HTTPStatusError("HTTP 400", request=request, response=httpx.Response(400, request=request))
+
+    inner = Rejecting()
+    with pytest.raises(httpx.HTTPStatusError):
+        RetryingPolicy(inner, retries=3, backoff_s=0, sleep=lambda s: None).generate(_convs("a"), PARAMS)
+    assert inner.calls == [1]
+
+
+def test_an_openai_teacher_retries_its_requests_with_the_teacher_settings():
+    from data_synthesis.config import TeacherSpec
+    from data_synthesis.teacher import build_teacher
+    from retrievers.retry import RetryPolicy
+
+    spec = TeacherSpec(backend="openai", model="m", kwargs={"base_url": "http://127.0.0.1:1/v1"}, retries=1,
+                       backoff_s=0.25)  # fmt: skip
+    teacher = build_teacher(spec)
+    assert teacher.inner.retry == RetryPolicy(attempts=2, backoff_s=0.25) == teacher.retry

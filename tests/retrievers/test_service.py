@@ -118,9 +118,12 @@ def test_failing_kb_gives_500_and_service_keeps_serving():
         assert r.status_code == 500 and "index file is corrupt" in r.json()["error"]
         assert RemoteRetriever(url, "echo").search(["still here"], 1)[0][0].doc.id == "still here"
         assert httpx.get(url + "/health").json()["status"] == "ok"
-        # the client reports a 4xx/5xx answer as the service's message, without retrying
+        # the client reports a 4xx answer as the service's message, without retrying (retries=5: still one try)
         with pytest.raises(ValueError, match="unknown KB 'nope'"):
-            RemoteRetriever(url, "nope", retries=0).search(["x"], 1)
+            RemoteRetriever(url, "nope", retries=5, backoff=30).search(["x"], 1)
+        # a 500 is retried (retrievers.retry: 5xx may recover), then reported with the service's message
+        with pytest.raises(RuntimeError, match=r"failed \(500\) after 2 attempts: .*index file is corrupt"):
+            RemoteRetriever(url, "bad", retries=1, backoff=0.01).search(["x"], 1)
 
 
 class StrictRetriever(EchoRetriever):
