@@ -66,3 +66,71 @@ def test_decision_weight_must_be_positive() -> None:
     assert load_config("sft", recipe).decision_weight == 10.0
     with pytest.raises(ValueError, match="decision_weight"):
         load_config("sft", recipe, ["--decision_weight", "0"])
+
+
+# Pinned loss values on a hand-written input: vocabulary of 6 ids, tags one id each.
+ASK, RET_OPEN, RET_CLOSE = [1], [2], [3]
+# prompt (1 id, untrained), then <sub-question> 4 <ret> 5 </ret>: the decisions are 4 (first asked) and 5 (the KB)
+LABELS = [[-100, 1, 4, 2, 5, 3]]
+# LOGITS[t] scores LABELS[t + 1] (the causal shift): 5 positions x 6 ids, written by hand
+LOGITS = [
+    [0.0, 2.0, 0.0, 0.0, 0.0, 0.0],  # -> 1 <sub-question>
+    [0.5, 0.0, 0.0, 0.0, 1.0, 0.0],  # -> 4 (decision: search)
+    [0.0, 0.0, 3.0, 1.0, 0.0, 0.0],  # -> 2 <ret>
+    [0.0, 0.0, 0.0, 0.0, 2.0, 1.0],  # -> 5 (decision: which KB), the model prefers 4
+    [0.0, 0.0, 0.0, 1.0, 0.0, 0.0],  # -> 3 </ret>
+]
+
+
+def _nll(row: list[float], target: int) -> float:
+    """-log softmax(row)[target], by the formula."""
+    import math
+
+    return math.log(sum(math.exp(x) for x in row)) - row[target]
+
+
+class _HandLogits(torch.nn.Module):
+    """Stands in for the model's fused LM head: per-token log-probs of the labels, and which tokens are trained."""
+
+    def forward(self, labels: torch.Tensor, **_):  # noqa: ANN003, ANN202
+        from types import SimpleNamespace
+
+        target = labels[:, 1:]
+        label_mask = target != -100
+        logp = torch.log_softmax(torch.tensor([LOGITS]), -1).gather(-1, target.clamp(min=0).unsqueeze(-1))
+        return SimpleNamespace(log_probs=logp.squeeze(-1) * label_mask, label_mask=label_mask)
+
+
+def _plain_sft_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):  # noqa: ANN001, ANN202
+    """TRL's SFT loss: the mean token NLL over trained tokens (or over `num_items_in_batch`)."""
+    out = model(**inputs)
+    n = out.label_mask.sum() if num_items_in_batch is None else num_items_in_batch
+    loss = -out.log_probs.sum() / n
+    return (loss, out) if return_outputs else loss
+
+
+@pytest.mark.parametrize(
+    ("weight", "num_items"),
+    [
+        (3.0, None),  # decisions weigh 3x, mean over the 5 trained tokens of the batch
+        (3.0, 8),  # gradient accumulation: TRL divides by the items of all micro-batches, so do the decisions
+        (1.0, None),  # w = 1 is plain SFT
+    ],
+)
+def test_the_decision_weighted_loss_is_the_weighted_cross_entropy(monkeypatch, weight, num_items) -> None:
+    from trl import SFTTrainer
+
+    from training.decision_loss import DecisionWeightedSFTTrainer
+
+    monkeypatch.setattr(SFTTrainer, "compute_loss", _plain_sft_loss)
+    trainer = DecisionWeightedSFTTrainer.__new__(DecisionWeightedSFTTrainer)  # no model load: only the loss runs
+    trainer.decision_weight, trainer._tags = weight, (ASK, RET_OPEN, RET_CLOSE)
+    nlls = [_nll(LOGITS[t], LABELS[0][t + 1]) for t in range(5)]
+    weights = [1.0, weight, 1.0, weight, 1.0]  # positions 1 and 3 score the decision labels 4 and 5
+    expected = sum(w * x for w, x in zip(weights, nlls, strict=True)) / (num_items or 5)
+    loss = trainer.compute_loss(_HandLogits(), {"labels": torch.tensor(LABELS)}, num_items_in_batch=num_items)
+    torch.testing.assert_close(loss, torch.tensor(expected, dtype=loss.dtype))
+    # the figures: NLLs 0.5168, 1.1243, 0.2885, 1.6467, 1.0436 -> (sum + 2 x (1.1243 + 1.6467)) / 5 = 2.0324 at w = 3,
+    # sum / 5 = 0.9240 at w = 1
+    pinned = {(3.0, None): 2.0324, (3.0, 8): 2.0324 * 5 / 8, (1.0, None): 0.9240}[(weight, num_items)]
+    assert abs(float(loss) - pinned) < 1e-4
