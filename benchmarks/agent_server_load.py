@@ -9,7 +9,7 @@ final answer, the answers by HTTP status (no 5xx may come from bad input), and t
     python benchmarks/agent_server_load.py --clients 32 --requests 16 --policy-delay 0.05
     python benchmarks/agent_server_load.py --real --kb configs/kb/demo.yaml      # SmolLM2 + the demo KB (minutes)
 
-The fake policy (tests/agent/fakes.py StepPolicy, `--policy-delay` seconds per generate call) over in-memory KBs
+The fake policy (tests/fakes.py StepPolicy, `--policy-delay` seconds per generate call) over in-memory KBs
 measures the server itself: streaming, micro-batching across requests and the limits.
 """
 
@@ -100,7 +100,7 @@ def build_app(args: argparse.Namespace, tmp: Path):  # noqa: ANN201
         return create_agent_app([setup], api_keys=tuple(args.api_key or ()), limits=limits), setup.name
     sys.path.insert(0, str(REPO))
     from tests.agent.agent_setups import make_setups
-    from tests.agent.fakes import StepPolicy
+    from tests.fakes import StepPolicy
 
     setups, media = make_setups(tmp, StepPolicy(delay=args.policy_delay), max_steps=args.max_steps)
     app = create_agent_app(setups, api_keys=tuple(args.api_key or ()), limits=limits, media_roots=[media])

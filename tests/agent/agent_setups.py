@@ -10,7 +10,7 @@ from agent.agent_server import AgentSetup
 from agent.kbs import KnowledgeBase
 from agent.loop import AgentConfig
 from retrievers.types import Doc, Hit, Media, Query, as_queries
-from tests.agent.fakes import StepPolicy
+from tests.fakes import StepPolicy
 
 
 class DocRetriever:

@@ -14,7 +14,7 @@ import pytest
 from agent.agent_server import create_agent_app
 from retrievers.service import serve_in_thread
 from tests.agent.agent_setups import make_setups
-from tests.agent.fakes import StepPolicy
+from tests.fakes import StepPolicy
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"

@@ -15,7 +15,7 @@ from agent.agent_server import create_agent_app
 from agent.types import Trajectory
 from retrievers.service import serve_in_thread
 from tests.agent.agent_setups import make_setups
-from tests.agent.fakes import StepPolicy
+from tests.fakes import StepPolicy
 
 openai = pytest.importorskip("openai", reason="the client tests need the openai package (pip install -e '.[dev]')")
 

@@ -11,7 +11,7 @@ import pytest
 
 from kbrouter.cli import main
 from retrievers.jsonl import read_jsonl
-from tests.agent.fakes import FakeRetriever, ScriptedPolicy, last_user_text
+from tests.fakes import FakeRetriever, ScriptedPolicy, last_user_text
 
 
 def _script(conv: list[dict]) -> str:

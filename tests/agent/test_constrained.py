@@ -16,7 +16,7 @@ from agent.loop import AgentConfig, StepAgent, use_constrained
 from agent.protocol import answer_grammar, check_display_name, parse_answer, parse_plan, plan_grammar
 from agent.protocol.prompts import answer_messages, plan_messages
 from agent.types import Question
-from tests.agent.fakes import FakeRetriever, ScriptedPolicy
+from tests.fakes import FakeRetriever, ScriptedPolicy
 
 NAME_CHARS = string.ascii_letters + string.digits + " -'&,.()/:+éüßøłñ"
 

@@ -10,7 +10,7 @@ from agent.backends.hf import TransformersPolicy
 from agent.kbs import KnowledgeBase
 from agent.loop import AgentConfig, StepAgent
 from agent.types import Question
-from tests.agent.fakes import FakeRetriever
+from tests.fakes import FakeRetriever
 
 
 class WordTokenizer:

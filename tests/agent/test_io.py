@@ -83,7 +83,7 @@ def fake_run(tmp_path, monkeypatch):
     import agent.cli
     from agent.kbs import KnowledgeBase
     from agent.loop import AgentConfig, StepAgent
-    from tests.agent.fakes import FakeRetriever, ScriptedPolicy, last_user_text
+    from tests.fakes import FakeRetriever, ScriptedPolicy, last_user_text
 
     def script(conv):
         if "next step" in last_user_text(conv):

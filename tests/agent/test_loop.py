@@ -7,7 +7,7 @@ import pytest
 from agent.kbs import KnowledgeBase
 from agent.loop import AgentConfig, StepAgent
 from agent.types import Question, Trajectory
-from tests.agent.fakes import FakeRetriever, ScriptedPolicy, last_user_text, system_text
+from tests.fakes import FakeRetriever, ScriptedPolicy, last_user_text, system_text
 
 TEXT = FakeRetriever("text", ["paris is the capital of france", "berlin is the capital of germany"])
 TABLE = FakeRetriever("table", ["country | population\nfrance | 68 million"])

@@ -20,8 +20,8 @@ from retrievers.security import ImageLimits, MediaRoots, resolve_api_keys, warn_
 from retrievers.service import create_app as create_retrieval_app
 from retrievers.service import serve_in_thread
 from tests.agent.agent_setups import DocRetriever, make_setups
-from tests.agent.fakes import StepPolicy
 from tests.agent.test_server import EchoPolicy
+from tests.fakes import StepPolicy
 
 KEY, OTHER = "key-one-1234", "key-two-5678"
 SECRET = "TOP-SECRET-CONTENT"

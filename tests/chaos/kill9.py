@@ -6,7 +6,7 @@ outputs are read back as keyed records and compared with the reference: records 
 (timings left out) must all be 0, and the finishing run must exit 0.
 
 The model-path jobs (`run`, `synth`, `eval`) talk to a `kbrouter serve` endpoint in this process over a
-deterministic fake step policy (`tests/agent/fakes.py` StepPolicy, a delay per call so kills land mid-batch): the
+deterministic fake step policy (`tests/fakes.py` StepPolicy, a delay per call so kills land mid-batch): the
 job's resume machinery is under test, and greedy real-model outputs are not guaranteed bitwise equal across batch
 compositions. `index` builds two real BM25 KBs (5,812 shared paragraphs, the 300 demo passages) and `train` runs
 real SFT steps of SmolLM2-135M-Instruct with LoRA, resumed by `--resume_from_checkpoint true`.
@@ -89,7 +89,7 @@ class Outcome:
 def grammar_blind_step_policy(delay_s: float):  # noqa: ANN201
     """The fake step policy `kbrouter serve` serves to the jobs; it accepts the step grammar the jobs send and
     ignores it (its replies follow the protocol anyway)."""
-    from tests.agent.fakes import StepPolicy
+    from tests.fakes import StepPolicy
 
     class GrammarBlindStepPolicy(StepPolicy):
         supports_grammar = True

@@ -1,4 +1,10 @@
-"""Fakes for agent tests: a scripted policy and an in-memory retriever."""
+"""The shared test fakes: a scripted policy, an in-memory retriever and a step-following policy.
+
+Used by the agent, server, chaos and benchmark code (`from tests.fakes import ...`). Kept apart on purpose:
+`tests/data_synthesis/scripted.py` (the case-scripted synthesis teacher, also run as the crash test's subprocess),
+`tests/eval/conftest.py` (the eval fakes whose figures the report tests pin) and `tests/chaos/fake_server.py` (a
+real `kbrouter serve` process, not a fake).
+"""
 
 from __future__ import annotations
 
