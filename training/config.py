@@ -18,6 +18,7 @@ from pathlib import Path
 
 from trl import GRPOConfig, SFTConfig
 
+from retrievers.config_file import parse_overrides
 from retrievers.config_file import yaml_loads as _yaml_load  # the one YAML dialect (`no` a string, `1e-4` a float)
 from training.rewards import REWARDS, STEP_TYPES
 from training.step_data import FORMATS
@@ -275,19 +276,8 @@ CONFIGS = {"grpo": StepGRPOConfig, "sft": StepSFTConfig}
 
 
 def _parse_overrides(tokens: list[str]) -> dict:
-    out, i = {}, 0
-    while i < len(tokens):
-        tok = tokens[i]
-        if not tok.startswith("--"):
-            raise ValueError(f"expected `--key value`, got {tok!r}")
-        key, eq, value = tok[2:].partition("=")
-        if not eq:
-            if i + 1 >= len(tokens):
-                raise ValueError(f"override --{key} has no value")
-            value, i = tokens[i + 1], i + 1
-        out[key.replace("-", "_")] = _yaml_load(value)
-        i += 1
-    return out
+    """`--key value` flags through the one override parser; TRL's fields are flat, and `-` means `_`."""
+    return {key.replace("-", "_"): value for key, value in parse_overrides(tokens)}
 
 
 def load_config(command: str, path: str | Path | None, overrides: list[str] | None = None):
