@@ -7,8 +7,10 @@ Qwen/Qwen2.5-VL-7B-Instruct`, or point `--backend openai --base-url http://HOST:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -21,6 +23,47 @@ REPO = Path(__file__).resolve().parent.parent
 DEMO_KB = REPO / "configs" / "kb" / "demo.yaml"
 DEMO_QUESTIONS = REPO / "data" / "demo" / "questions.jsonl"
 DEFAULT_MODEL = "smollm2-kbrouter"
+TIMINGS_ENV = "KBROUTER_TIMINGS"  # a file path: the ask/run/demo path appends one JSON line per phase to it
+
+
+@functools.cache  # once per process: every mark is measured from the same start
+def _process_start() -> float:
+    """When this process started, on the `time.perf_counter()` clock: from /proc/self/stat (Linux), so the interpreter
+    start and the imports before `main` count; elsewhere, the first call."""
+    try:
+        stat = Path("/proc/self/stat").read_text()
+        ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22, starttime: clock ticks after boot
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        age = 0.0
+    return time.perf_counter() - age
+
+
+def mark(phase: str, **extra: object) -> None:
+    """Append `{"phase", "t", "cpu", ...extra}` to the file `$KBROUTER_TIMINGS` names; nothing when it is unset.
+
+    `t` is seconds since the process started, `cpu` the process's CPU seconds so far (the figure that still means
+    something on a busy machine). `benchmarks/ask_latency.py` reads these lines; what the command prints is unchanged.
+
+    Raises:
+        ValueError: the file cannot be appended to (named, with the fix).
+    """
+    path = os.environ.get(TIMINGS_ENV)
+    if not path:
+        return
+    line = {
+        "phase": phase,
+        "t": round(time.perf_counter() - _process_start(), 4),
+        "cpu": round(time.process_time(), 4),
+        **extra,
+    }
+    try:
+        with open(path, "a") as f:
+            f.write(json.dumps(line) + "\n")
+    except OSError as e:
+        raise ValueError(
+            f"{TIMINGS_ENV}={path!r}: cannot append timings there ({e}); point it at a writable file or unset it"
+        ) from e
 
 
 def add_common_args(ap: argparse.ArgumentParser, kb_default: str | None = None) -> None:
@@ -147,13 +190,17 @@ def _setup(args: argparse.Namespace, questions: list | None = None):  # noqa: AN
     )
     pol_cfg, agent_cfg, kb_file = resolve_configs(args)
     check_images_readable(pol_cfg, questions or [], args.allow_text_only)  # before anything loads
+    mark("policy_start")
     policy = make_policy(pol_cfg)  # first: a model that is not here fails before the KBs spend seconds loading
+    mark("policy_loaded")
     kbs = load_knowledge_bases(kb_file)
+    mark("kbs_loaded")
     return StepAgent(policy, kbs, agent_cfg), pol_cfg, agent_cfg, kb_file
 
 
 def ask_main(argv: list[str] | None = None) -> int:
     """Ask one question and watch the steps stream by."""
+    mark("ask_main")
     from rich.console import Console
 
     from agent.display import StepPrinter
@@ -173,7 +220,16 @@ def ask_main(argv: list[str] | None = None) -> int:
     agent, *_ = _setup(args, [q])
     console = Console()
     console.print(f"[bold]question:[/bold] {q.question}")
-    traj = agent.run_batch([q], on_event=StepPrinter(console))[0]
+    on_event = StepPrinter(console)
+    if os.environ.get(TIMINGS_ENV):
+        printer = on_event
+
+        def on_event(qid: str, event: str, payload: dict) -> None:
+            printer(qid, event, payload)
+            mark(event, step=payload.get("step"))  # after the print: the user has seen the line
+
+    traj = agent.run_batch([q], on_event=on_event)[0]
+    mark("done")
     if args.out:
         from retrievers.jsonl import JsonlWriter
 
