@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 import os
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from agent.protocol.grammar import check_display_name
-from retrievers.types import Retriever
+from retrievers.types import Doc, Retriever
 
 if TYPE_CHECKING:
     from retrievers.config import KBConfig
+
+logger = logging.getLogger(__name__)
 
 DESCRIPTIONS = {  # default one-line descriptions shown to the policy, by (kind, granularity)
     ("text", "paragraph"): "short encyclopedia passages; good for facts about people, places, events and things",
@@ -36,6 +40,70 @@ class KnowledgeBase:
 
 def describe(kind: str, granularity: str, options: dict) -> str:
     return options.get("description") or DESCRIPTIONS.get((kind, granularity), f"{kind} ({granularity})")
+
+
+TITLE_CHARS = 80  # longest title shown; longer ones are cut
+TITLES_CHARS = 400  # longest text the titles add to a description (`with_titles`), separator included
+
+
+def frequent_titles(docs: Sequence[Doc], n: int, max_chars: int = TITLES_CHARS) -> list[str]:
+    """Up to `n` distinct document titles, most frequent first (ties by first appearance), whitespace-normalised
+    and cut to `TITLE_CHARS` (an ellipsis included), stopping before their `Holds: A; B.` text would pass `max_chars`.
+
+    Example:
+        >>> frequent_titles([Doc("1", "", "B"), Doc("2", "", "A  "), Doc("3", "", "A"), Doc("4", "", "")], 5)
+        ['A', 'B']
+    """
+    counts = Counter(" ".join(doc.title.split()) for doc in docs)  # a Counter keeps first-appearance order
+    counts.pop("", None)
+    shown: list[str] = []
+    used = len("Holds: .")
+    for title, _ in counts.most_common():  # a stable sort: equal counts keep their first appearance
+        if len(shown) == n:
+            break
+        cut = title
+        if len(title) > TITLE_CHARS:  # at a word boundary where there is one, marked as cut
+            head = title[: TITLE_CHARS - 1]
+            cut = (head.rsplit(" ", 1)[0] if " " in head else head).rstrip(" ,;:") + "…"
+        if cut in shown:  # two long titles that differ only past the cut would read the same: show one
+            continue
+        used += len(cut) + (len("; ") if shown else 0)
+        if used > max_chars:
+            break
+        shown.append(cut)
+    return shown
+
+
+def with_titles(description: str, docs: Sequence[Doc], n: int) -> str:
+    """`description` ending with `Holds: A; B; C.`, the `frequent_titles` of `docs`, adding at most
+    `TITLES_CHARS` characters; unchanged when the docs have no titles.
+
+    The titles hold no line break, so the description stays one line of the plan prompt's KB list.
+    """
+    sep = " " if description.endswith((".", "!", "?")) else ". "
+    titles = frequent_titles(docs, n, TITLES_CHARS - len(sep))
+    return f"{description}{sep}Holds: {'; '.join(titles)}." if titles else description
+
+
+def local_docs(retriever: Retriever) -> list[Doc] | None:
+    """The docs a loaded KB holds in memory, or None for one that holds none here (a remote KB, a Milvus one)."""
+    from retrievers.media_retriever import MediaRetriever
+    from retrievers.store import IndexedRetriever
+
+    return retriever.docs if isinstance(retriever, IndexedRetriever | MediaRetriever) else None
+
+
+def kb_description(cfg: KBConfig, retriever: Retriever) -> str:
+    """The one-line description the policy sees: the configured (or kind default) one, plus `describe_titles`
+    titles of the KB's docs."""
+    description = cfg.description or describe(cfg.kind, cfg.granularity, cfg.options or {})
+    if cfg.describe_titles == 0:
+        return description
+    docs = local_docs(retriever)
+    if docs is None:  # its docs live in a service or a database: reading them all back is not worth a prompt line
+        logger.debug("KB %s: describe_titles skipped, its docs are not held locally", cfg.name)
+        return description
+    return with_titles(description, docs, cfg.describe_titles)
 
 
 KBFiles = str | os.PathLike | Sequence[str | os.PathLike]  # one KB YAML file or several
@@ -72,7 +140,8 @@ def kb_configs(kb_files: KBFiles, only: list[str] | None = None) -> list[KBConfi
 
 
 def knowledge_bases(configs: Sequence[KBConfig], build: bool = True) -> dict[str, KnowledgeBase]:
-    """Build (if asked) and load the KBs of `configs`, keyed by display name, with their policy-facing descriptions."""
+    """Build (if asked) and load the KBs of `configs`, keyed by display name, with their policy-facing descriptions
+    (`kb_description`: with `describe_titles`, computed here once per load from the loaded docs)."""
     from retrievers.kb import load_kbs
 
     retrievers = load_kbs(list(configs), build=build)
@@ -82,7 +151,7 @@ def knowledge_bases(configs: Sequence[KBConfig], build: bool = True) -> dict[str
             display_name=cfg.display_name,
             retriever=retrievers[cfg.name],
             k=cfg.k,
-            description=cfg.description or describe(cfg.kind, cfg.granularity, cfg.options or {}),
+            description=kb_description(cfg, retrievers[cfg.name]),
         )
         for cfg in configs
     }

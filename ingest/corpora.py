@@ -34,6 +34,11 @@ KB_KINDS = {  # KB name -> (corpus file, kind, granularity, display name the rou
 }
 
 
+# The table and image KBs' descriptions list up to this many document titles (`KBConfig.describe_titles`): their
+# generic descriptions hide which reports' tables and figures they hold.
+DESCRIBE_TITLES = 8
+
+
 def source_id(prov: dict) -> str:
     """The page (`file#p4`) a record sits on, or its file when the format has no pages."""
     return f"{prov['file']}#p{prov['page']}" if prov.get("page") is not None else prov["file"]
@@ -172,6 +177,8 @@ def kb_yaml(name: str, corpus_dir: Path, yaml_path: Path, counts: dict[str, int]
             "index_dir": f"{rel}/indexes/{kb}",
             "k": k,
         }
+        if kb in ("table", "image"):
+            entry["describe_titles"] = DESCRIBE_TITLES
         if kind in ("image", "clip", "video"):
             entry["options"] = {
                 "clip_model": options.get("clip_model", "kbrouter-tiny-clip"),
@@ -185,6 +192,8 @@ def kb_yaml(name: str, corpus_dir: Path, yaml_path: Path, counts: dict[str, int]
         f"# Override: kbrouter index --kb {yaml_path.as_posix()} --only table --force\n"
         "# CLIP is `kbrouter-tiny-clip` with random weights unless --clip-model/--clip-pretrained name real ones, so\n"
         "# random pixels would only add noise: figures rank by their captions alone (visual_weight 0; 0.8 with weights).\n"
+        f"# describe_titles {DESCRIBE_TITLES} (table, image): they hold a few documents' tables and figures, so\n"
+        "# their descriptions end with those documents' titles and the router sees which reports they cover.\n"
     )
     return head + yaml.safe_dump({"knowledge_bases": kbs}, sort_keys=False, allow_unicode=True, width=119)
 

@@ -93,6 +93,15 @@ class KBConfig:
     corpus: str | Path = field(metadata={"help": "Corpus file or folder (JSONL passages, table folder/JSONL)."})
     display_name: str = field(default="", metadata={"help": "What the policy writes in `<ret>`; default: name."})
     description: str = field(default="", metadata={"help": "One line for the policy's system prompt."})
+    describe_titles: int = field(
+        default=0,
+        metadata={
+            "help": "The policy's description of this KB ends with up to N of its most frequent distinct document "
+            'titles, "Holds: A; B; C."; for KBs of a few sources, like videos or a report\'s tables; 0 = off. '
+            "Read from the loaded docs (`agent.kbs.knowledge_bases`): a remote or Milvus KB, whose docs are not "
+            "held locally, keeps its description."
+        },
+    )
     granularity: str | None = field(default=None, metadata={"help": "paragraph|document|table|...; kind default."})
     encoder: str = field(default="minilm", metadata={"help": "`minilm`, a sentence-transformers name, or a path."})
     encoder_backend: str = field(
@@ -176,6 +185,18 @@ class KBConfig:
             # a bool is an int to Python: `k: true` would silently become 1
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"KB {self.name!r}: `{key}` must be a positive integer, got {value!r}")
+        if self.description and self.description.splitlines() != [self.description]:
+            raise ValueError(
+                f"KB {self.name!r}: `description` must be one line (the plan prompt lists one KB per line), got "
+                f"{self.description!r}; write it on one line (a YAML `>` block ends with a line break, `>-` does not)"
+            )
+        # a bool is an int to Python: `describe_titles: true` would silently become 1
+        titles = self.describe_titles
+        if isinstance(titles, bool) or not isinstance(titles, int) or titles < 0:
+            raise ValueError(
+                f"KB {self.name!r}: `describe_titles` must be an integer >= 0 (how many document titles the "
+                f"description lists; 0 = off), got {titles!r}; set e.g. `describe_titles: 6`"
+            )
         if not isinstance(self.mmap, bool):  # `mmap: no` is the string "no" (retrievers.config_file's dialect)
             raise ValueError(
                 f"KB {self.name!r}: `mmap` must be true or false (unquoted; `yes`/`no` are strings), got {self.mmap!r}"

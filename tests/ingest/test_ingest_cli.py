@@ -58,6 +58,8 @@ def test_first_run_summary_and_kb_yaml(folder, tmp_path):
     configs = {c.name: c for c in load_kb_configs(tmp_path / "t.yaml")}
     assert set(configs) == {"text", "document", "table", "image"}  # no videos: no clip or video KB
     assert configs["table"].display_name == "Table Retriever"
+    # the KBs of a few documents' tables and figures list their titles; the text KBs' generic lines do not
+    assert {n: c.describe_titles for n, c in configs.items()} == {"text": 0, "document": 0, "table": 8, "image": 8}
     assert (tmp_path / "t.yaml").read_text().splitlines()[0] == f"# Build:    kbrouter index --kb {tmp_path}/t.yaml"
     tables = [json.loads(line) for line in (tmp_path / "c" / "tables.jsonl").read_text().splitlines()]
     nics = [t for t in tables if t["id"].startswith("fbi_nics")]
@@ -143,6 +145,7 @@ def test_nothing_usable_exits_1(tmp_path):
 
 def test_built_kbs_answer_with_provenance(docs, tmp_path):
     """The written YAML builds real KBs (MiniLM, FAISS, BM25, tiny CLIP) whose hits render with their source."""
+    from agent.kbs import knowledge_bases
     from agent.protocol.prompts import render_hits
     from retrievers.config import load_kb_configs
     from retrievers.kb import build_kb, load_kb
@@ -167,6 +170,11 @@ def test_built_kbs_answer_with_provenance(docs, tmp_path):
     assert fig.doc.text == "Figure 7-27. Stainless steel self-locking nut."
     assert render_hits([fig]).endswith("[source: faa_amt_handbook_p7-45.pdf p. 1, figure 2]")
     assert Path(fig.doc.media.path).is_file()
+    described = knowledge_bases([configs["table"], configs["image"]], build=False)  # issue 16: which report's tables
+    assert described["Table Retriever"].description.startswith(
+        "Tables from the t documents (PDF, web pages, office files), header and rows. Holds: fbi nics background "
+        "checks 2015 11; "  # the NICS table's many parts make it the most frequent title
+    )
 
 
 def test_video_with_subtitles_becomes_clip_and_video_kbs(tmp_path):
