@@ -11,15 +11,15 @@ import time
 from pathlib import Path
 
 import pytest
-from scripted import ScriptedPolicy, fake_kbs
 
 import data_synthesis.job as job
 from data_synthesis.commit_log import OUTPUTS, PROGRESS, SKIPPED
 from data_synthesis.config import SynthConfig
 from data_synthesis.job import run_synthesis
+from tests.fakes import case_teacher, teacher_kbs
 
 CASES = ("ok", "vary", "wrong", "format", "long", "backend", "unsupported", "empty")
-HERE = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[2]
 VOLATILE = {"timings", "final_s", "seconds"}  # wall-clock figures differ between runs
 
 
@@ -61,7 +61,7 @@ def snapshot(out: Path) -> dict:
 def reference(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ref")
     _questions(tmp / "q.jsonl")
-    run_synthesis(SynthConfig(**_config(tmp, "out")), policy=ScriptedPolicy(), kbs=fake_kbs())
+    run_synthesis(SynthConfig(**_config(tmp, "out")), policy=case_teacher(), kbs=teacher_kbs())
     snap = snapshot(tmp / "out")
     ids = [t["id"] for name in OUTPUTS[:2] for t in snap[name]]
     assert len(ids) == len(set(ids)) == 2 * 2 * len(CASES)  # sanity: every sample once
@@ -78,12 +78,13 @@ def test_sigkill_at_random_points_then_resume(tmp_path, reference):
     cfg_file = tmp_path / "cfg.json"
     cfg_file.write_text(json.dumps(_config(tmp_path, "out")))
     out = tmp_path / "out"
-    cmd = [sys.executable, str(HERE / "scripted.py"), str(cfg_file), "0.08"]
+    # this module's `__main__` runs the job, as a module from the repo root so that it imports `tests.fakes`
+    cmd = [sys.executable, "-m", "tests.data_synthesis.test_crash", str(cfg_file), "0.08"]
     rng = random.Random(20261130)
     kills = 0
     for _ in range(12):
         before = _committed(out)
-        proc = subprocess.Popen(cmd)
+        proc = subprocess.Popen(cmd, cwd=ROOT)
         deadline = time.monotonic() + 60
         # wait for at least one new commit (so every round makes progress), then kill a random moment later
         while proc.poll() is None and _committed(out) <= before and time.monotonic() < deadline:
@@ -97,7 +98,7 @@ def test_sigkill_at_random_points_then_resume(tmp_path, reference):
         if kills >= 5:
             break
     assert kills >= 5, f"only {kills} kills landed while the job was running"
-    subprocess.run(cmd, check=True, timeout=120)  # finish the job
+    subprocess.run(cmd, check=True, timeout=120, cwd=ROOT)  # finish the job
     assert snapshot(out) == reference
 
 
@@ -120,7 +121,7 @@ def test_uncommitted_batch_and_torn_lines_are_rolled_back(tmp_path, reference, m
 
     monkeypatch.setattr(job, "append_jsonl", crashing_append)
     with pytest.raises(Crash):
-        run_synthesis(cfg, policy=ScriptedPolicy(), kbs=fake_kbs())
+        run_synthesis(cfg, policy=case_teacher(), kbs=teacher_kbs())
     monkeypatch.setattr(job, "append_jsonl", real_append)
     assert _committed(out) == 2
     # and a crash mid-line on top: half a record and half a commit line
@@ -128,7 +129,7 @@ def test_uncommitted_batch_and_torn_lines_are_rolled_back(tmp_path, reference, m
         f.write('{"id": "half a rec')
     with (out / PROGRESS).open("a") as f:
         f.write('{"batch": 2, "ids"')
-    run_synthesis(cfg, policy=ScriptedPolicy(), kbs=fake_kbs())
+    run_synthesis(cfg, policy=case_teacher(), kbs=teacher_kbs())
     assert snapshot(out) == reference
 
 
@@ -149,7 +150,15 @@ def test_ctrl_c_says_how_many_questions_were_committed(tmp_path, reference, monk
 
     monkeypatch.setattr(job, "append_jsonl", interrupted_append)
     with pytest.raises(KeyboardInterrupt, match=rf"^4 of {2 * len(CASES)} questions done \(committed batches in "):
-        run_synthesis(cfg, policy=ScriptedPolicy(), kbs=fake_kbs())
+        run_synthesis(cfg, policy=case_teacher(), kbs=teacher_kbs())
     monkeypatch.setattr(job, "append_jsonl", real_append)
-    run_synthesis(cfg, policy=ScriptedPolicy(), kbs=fake_kbs())
+    run_synthesis(cfg, policy=case_teacher(), kbs=teacher_kbs())
     assert snapshot(tmp_path / "out") == reference
+
+
+if __name__ == "__main__":  # the subprocess above: python -m tests.data_synthesis.test_crash CONFIG.json DELAY_S
+    import logging
+
+    logging.basicConfig(level=logging.WARNING)
+    config, delay_s = json.loads(Path(sys.argv[1]).read_text()), float(sys.argv[2])
+    run_synthesis(SynthConfig(**config), policy=case_teacher(delay_s=delay_s), kbs=teacher_kbs())

@@ -6,13 +6,13 @@ import json
 from pathlib import Path
 
 import pytest
-from scripted import EVIDENCE, KB, ScriptedPolicy, fake_kbs, write_questions
 
 from agent.protocol import answer_messages, final_messages, plan_messages
 from data_synthesis.config import SynthConfig
 from data_synthesis.job import run_synthesis
 from data_synthesis.rejection import REASONS
 from retrievers.types import Doc, Hit
+from tests.fakes import TEACHER_EVIDENCE, TEACHER_KB, case_teacher, teacher_kbs, teacher_questions
 
 STRICT = {"require_no_format_errors": True, "require_evidence_overlap": True, "max_steps": 2}
 SKIP_ROWS = [
@@ -31,12 +31,12 @@ def read(path: Path) -> list[dict]:
 @pytest.fixture(scope="module")
 def strict_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("strict")
-    qfile = write_questions(tmp / "q.jsonl", extra=SKIP_ROWS)
+    qfile = teacher_questions(tmp / "q.jsonl", extra=SKIP_ROWS)
     cfg = SynthConfig(inputs=[{"path": str(qfile), "dataset": "toy"}], m=2, max_steps=3, questions_per_batch=4,
                       output_dir=str(tmp / "out"), rejection=STRICT, teacher={"retries": 2, "backoff_s": 0},
                       progress=False)  # fmt: skip
-    policy = ScriptedPolicy()
-    summary = run_synthesis(cfg, policy=policy, kbs=fake_kbs())
+    policy = case_teacher()
+    summary = run_synthesis(cfg, policy=policy, kbs=teacher_kbs())
     return tmp / "out", summary, policy
 
 
@@ -98,10 +98,10 @@ def test_backend_errors_are_retried_then_recorded(strict_run):
 
 
 def test_default_rules_accept_what_only_strict_rules_reject(tmp_path):
-    qfile = write_questions(tmp_path / "q.jsonl", cases=("format", "unsupported", "long"))
+    qfile = teacher_questions(tmp_path / "q.jsonl", cases=("format", "unsupported", "long"))
     cfg = SynthConfig(inputs=[{"path": str(qfile)}], m=1, temperature=0.0, output_dir=str(tmp_path / "out"),
                       progress=False, export_format="none")  # fmt: skip
-    summary = run_synthesis(cfg, policy=ScriptedPolicy(), kbs=fake_kbs())
+    summary = run_synthesis(cfg, policy=case_teacher(), kbs=teacher_kbs())
     assert summary["accepted"] == 3 and summary["rejected"] == 0
 
 
@@ -109,15 +109,15 @@ def test_step_records_field_by_field(strict_run):
     out, _, _ = strict_run
     records = [r for r in read(out / "steps.jsonl") if r["trajectory_id"] == "q-ok#0"]
     question, sub_q = "[ok] In which city is the Eiffel Tower?", "[ok] What city is the Eiffel Tower in?"
-    kbs = [(KB, "test passages")]
-    hits = [Hit(Doc("d0", EVIDENCE, "Eiffel Tower", "text"), 1.0, 0, "text"),
-            Hit(Doc("d1", "Paris has many museums.", "Paris", "text"), 0.9, 1, "text")]  # fmt: skip
+    kbs = [(TEACHER_KB, "test passages")]
+    hits = [Hit(Doc("d0", TEACHER_EVIDENCE, "Eiffel Tower", "text"), 1.0, 0, "text"),
+            Hit(Doc("d1", "Paris has many museums.", "Paris", "text"), 0.5, 1, "text")]  # fmt: skip
     history = [(sub_q, "Paris")]
     meta = {"source": "toy", "dataset": "toy", "question_id": "q-ok", "sample": 0}
     expected = [
         # plan 1: the question alone; gold = the teacher's sub-question and the KB's display name
         {"trajectory_id": "q-ok#0", "step_type": "plan", "step_index": 0, "messages": plan_messages(question, [], kbs),
-         "images": [], "kb_names": [KB], "gold": {"sub_question": sub_q, "kb": KB, "think": "I need the city."},
+         "images": [], "kb_names": [TEACHER_KB], "gold": {"sub_question": sub_q, "kb": TEACHER_KB, "think": "I need the city."},
          "metadata": meta},
         # answer 1: sub-question + its evidence; gold = the teacher's intermediate answer
         {"trajectory_id": "q-ok#0", "step_type": "answer", "step_index": 1, "messages": answer_messages(sub_q, hits),
@@ -125,7 +125,7 @@ def test_step_records_field_by_field(strict_run):
          "metadata": meta},
         # plan 2: with the history; gold = stop (None, None)
         {"trajectory_id": "q-ok#0", "step_type": "plan", "step_index": 2,
-         "messages": plan_messages(question, history, kbs), "images": [], "kb_names": [KB],
+         "messages": plan_messages(question, history, kbs), "images": [], "kb_names": [TEACHER_KB],
          "gold": {"sub_question": None, "kb": None, "think": "I know enough."}, "metadata": meta},
         # final: with the history; gold = the dataset's gold answers (not the teacher's words)
         {"trajectory_id": "q-ok#0", "step_type": "final", "step_index": 3,
@@ -154,7 +154,7 @@ def test_step_records_load_in_training_and_export_in_datasets(strict_run):
     steps = datasets.load_dataset("parquet", data_files=str(out / "export" / "steps.parquet"), split="train")
     trajs = datasets.load_dataset("parquet", data_files=str(out / "export" / "trajectories.parquet"), split="train")
     assert len(steps) == len(records) == 12 and len(trajs) == 3
-    assert steps[0]["gold"]["kb"] == KB and steps[0]["messages"][1]["content"][0]["type"] == "text"
+    assert steps[0]["gold"]["kb"] == TEACHER_KB and steps[0]["messages"][1]["content"][0]["type"] == "text"
     assert sorted(trajs["id"]) == ["q-ok#0", "q-vary#0", "q-vary#1"] and trajs[0]["num_steps"] == 1
 
 
@@ -163,4 +163,4 @@ def test_resume_refuses_another_recipe(strict_run, tmp_path):
     cfg = json.loads((out / "config.json").read_text())
     cfg["m"] = 3
     with pytest.raises(ValueError, match="another recipe"):
-        run_synthesis(SynthConfig(**cfg), policy=ScriptedPolicy(), kbs=fake_kbs())
+        run_synthesis(SynthConfig(**cfg), policy=case_teacher(), kbs=teacher_kbs())

@@ -6,14 +6,14 @@ import json
 from pathlib import Path
 
 import pytest
-from scripted import ScriptedPolicy, fake_kbs
-from test_crash import _questions, _strip
 
 from data_synthesis.cli import merge_main
 from data_synthesis.commit_log import OUTPUTS
 from data_synthesis.config import SynthConfig
 from data_synthesis.job import run_synthesis, shard_of
 from data_synthesis.merge import merge_shards
+from tests.data_synthesis.test_crash import _questions, _strip
+from tests.fakes import case_teacher, teacher_kbs
 
 
 def _cfg(tmp: Path, out: str, **kw) -> SynthConfig:
@@ -37,12 +37,12 @@ def test_shard_of_is_stable_and_balanced():
 
 def test_three_shards_merge_to_the_single_run(tmp_path):
     _questions(tmp_path / "q.jsonl")
-    run_synthesis(_cfg(tmp_path, "single"), policy=ScriptedPolicy(), kbs=fake_kbs())
-    run_synthesis(_cfg(tmp_path, "sharded", shard=0, num_shards=3), policy=ScriptedPolicy(), kbs=fake_kbs())
+    run_synthesis(_cfg(tmp_path, "single"), policy=case_teacher(), kbs=teacher_kbs())
+    run_synthesis(_cfg(tmp_path, "sharded", shard=0, num_shards=3), policy=case_teacher(), kbs=teacher_kbs())
     with pytest.raises(ValueError, match="missing"):  # merging before every shard exists
         merge_shards(tmp_path / "sharded")
     for i in (1, 2):
-        run_synthesis(_cfg(tmp_path, "sharded", shard=i, num_shards=3), policy=ScriptedPolicy(), kbs=fake_kbs())
+        run_synthesis(_cfg(tmp_path, "sharded", shard=i, num_shards=3), policy=case_teacher(), kbs=teacher_kbs())
     ids = [
         json.loads(x)["ids"]
         for i in range(3)
@@ -74,7 +74,7 @@ def _nobatch(r: object) -> object:
 def test_unfinished_shard_stops_the_merge(tmp_path):
     _questions(tmp_path / "q.jsonl")
     for i in range(2):
-        run_synthesis(_cfg(tmp_path, "out", shard=i, num_shards=2), policy=ScriptedPolicy(), kbs=fake_kbs())
+        run_synthesis(_cfg(tmp_path, "out", shard=i, num_shards=2), policy=case_teacher(), kbs=teacher_kbs())
     progress = tmp_path / "out" / "shards" / "00001-of-00002" / "progress.jsonl"
     lines = progress.read_text().splitlines(keepends=True)
     progress.write_text("".join(lines[:-1]))  # as if its last batch had not been committed

@@ -13,7 +13,8 @@ from eval.methods import (
     parse_route,
     resolve_methods,
 )
-from tests.eval.conftest import QUESTIONS, FakePolicy
+from tests.eval.conftest import QUESTIONS
+from tests.fakes import FakePolicy
 
 QS = [Question(id=q["id"], question=q["question"], answers=tuple(q["answers"])) for q in QUESTIONS]
 

@@ -14,7 +14,8 @@ from agent.types import Question
 from eval.cli import main
 from eval.config import load_eval_config
 from eval.runner import read_cache, run_eval
-from tests.eval.conftest import QUESTIONS, FakePolicy, eval_yaml
+from tests.eval.conftest import QUESTIONS, eval_yaml
+from tests.fakes import FakePolicy
 
 METHODS = ["no_retrieval", "single_kb", "rag_all", "ircot", "iter_retgen", "router", "agent", "agent_random"]
 N_METHODS = 9  # single_kb expands to rag_wiki and rag_tables

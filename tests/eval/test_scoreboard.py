@@ -16,7 +16,8 @@ from eval.runner import run_eval
 from eval.scoring import mean_scores, output_validity, score_prediction
 from retrievers.types import Doc, Hit
 from tests.conftest import SHARED
-from tests.eval.conftest import QUESTIONS, FakePolicy, eval_yaml
+from tests.eval.conftest import QUESTIONS, eval_yaml
+from tests.fakes import FakePolicy
 
 ROOT = Path(__file__).resolve().parents[2]
 SPLITS = ROOT / "data" / "splits" / "shared_heldout.json"
