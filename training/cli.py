@@ -10,6 +10,9 @@ GPU (8 × H100, Qwen2.5-VL-7B, DeepSpeed ZeRO-3, vLLM colocated):
 
 Resume: add `--resume_from_checkpoint last` (or a checkpoint folder); the run continues at the saved global step
 with the same data order.
+
+Flags: every field of the recipe's dataclass (TRL's `GRPOConfig`/`SFTConfig` plus ours) is a `--key value` flag of
+TRL's `TrlParser`; `kbrouter train grpo --help` lists them.
 """
 
 from __future__ import annotations
@@ -22,13 +25,23 @@ logger = logging.getLogger(__name__)
 
 def main(argv: list[str] | None = None) -> int:
     """Parse `sft|grpo --config FILE [--key value ...]`, build the trainer, train, save."""
-    parser = argparse.ArgumentParser(prog="kbrouter train", description=__doc__,
+    parser = argparse.ArgumentParser(prog="kbrouter train", description=__doc__, add_help=False, allow_abbrev=False,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    parser.add_argument("command", choices=["sft", "grpo"], help="training stage")
-    parser.add_argument("--config", required=True, help="YAML recipe (configs/train/*.yaml)")
+    parser.add_argument("-h", "--help", action="store_true", help="this help; after sft|grpo, every recipe key")
+    parser.add_argument("command", nargs="?", choices=["sft", "grpo"], help="training stage")
+    parser.add_argument("--config", help="YAML recipe (configs/train/*.yaml)")
     args, overrides = parser.parse_known_args(argv)
 
-    from training.config import load_config
+    if args.help and args.command is None:
+        parser.print_help()
+        parser.exit()
+    from training.config import load_config, recipe_parser
+
+    if args.help:  # `kbrouter train grpo --help`: TRL's parser lists every field of the recipe with its help
+        recipe_parser(args.command).print_help()
+        parser.exit()
+    if args.command is None or args.config is None:
+        parser.error("give the stage and the recipe: kbrouter train sft|grpo --config FILE [--key value ...]")
     from training.trainers import build_grpo_trainer, build_sft_trainer, train
 
     cfg = load_config(args.command, args.config, overrides)

@@ -2,7 +2,8 @@
 
 `StepGRPOConfig(trl.GRPOConfig)` and `StepSFTConfig(trl.SFTConfig)` add the step-data and model fields kbrouter
 owns (`StepDataArgs`, a plain field mixin) and, for GRPO, the reward recipe. A YAML file gives the values and
-`--key value` flags override them (`load_config`); an unknown key is an error naming it.
+`--key value` flags override them, through TRL's `TrlParser` (`recipe_parser`, `load_config`); an unknown key is an
+error naming it.
 
 `rewards` and `lora` stay plain dicts/lists of dicts in the dataclass so TRL can serialise the arguments into
 checkpoints; `__post_init__` validates them (unknown reward names, bad weights) before anything loads, and
@@ -11,14 +12,18 @@ checkpoints; `__post_init__` validates them (unknown reward names, bad weights) 
 
 from __future__ import annotations
 
-import dataclasses
+import argparse
 import difflib
+import re
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trl import GRPOConfig, SFTConfig
+import yaml
+from trl import GRPOConfig, SFTConfig, TrlParser
 
-from retrievers.config_file import parse_overrides
+from retrievers.config_file import NEW_FORM, check_keys, field_names, load_yaml
 from retrievers.config_file import yaml_loads as _yaml_load  # the one YAML dialect (`no` a string, `1e-4` a float)
 from training.rewards import REWARDS, STEP_TYPES
 from training.step_data import FORMATS
@@ -273,38 +278,117 @@ class StepSFTConfig(SFTConfig, StepDataArgs):
 
 
 CONFIGS = {"grpo": StepGRPOConfig, "sft": StepSFTConfig}
+COMMANDS = {cls: command for command, cls in CONFIGS.items()}
 
 
-def _parse_overrides(tokens: list[str]) -> dict:
-    """`--key value` flags through the one override parser; TRL's fields are flat, and `-` means `_`."""
-    return {key.replace("-", "_"): value for key, value in parse_overrides(tokens)}
+def _structured(hint: object) -> bool:
+    """Whether a field's annotation holds a list or a mapping (`list[dict]`, `dict | None`, `None | str | list[str]`)."""
+    if hint in (list, dict) or typing.get_origin(hint) in (list, dict):
+        return True
+    return typing.get_origin(hint) in (typing.Union, types.UnionType) and any(map(_structured, typing.get_args(hint)))
+
+
+def _yaml_value(text: str) -> object:
+    """A list or mapping flag's value, read as the YAML of a recipe would be (`[plan]`, `{r: 8}`, `null`)."""
+    try:
+        return _yaml_load(text)
+    except yaml.YAMLError as e:  # argparse reports only ValueError/TypeError/ArgumentTypeError as a bad value
+        raise argparse.ArgumentTypeError(f"{text!r} is not YAML ({getattr(e, 'problem', e)})") from None
+
+
+def _str_or_null(value: str) -> str | None:
+    """A `str | None` flag's value: YAML's `null`/`~` is None (as in a recipe), anything else the string as written."""
+    return None if value in ("null", "Null", "NULL", "~") else value
+
+
+def recipe_parser(command: str) -> TrlParser:
+    """TRL's parser over the recipe dataclass of `command`: one `--field value` flag per field, TRL's types and help.
+
+    Two kinds of flags read their value as the YAML of a recipe would, since `HfArgumentParser` cannot:
+    a field holding a list or a mapping (`--rewards '[{name: answer}]'`, `--lora '{r: 8}'`, `--step_types null`;
+    HfArgumentParser makes `list[dict]` a `nargs="+"` of `dict(str)` and `dict` a `dict(str)`, which no string
+    parses into) and a `str | None` field given `null` (`--init_adapter null` is None; HfArgumentParser keeps the
+    string "null").
+
+    Raises:
+        ValueError: an unknown command.
+    """
+    if command not in CONFIGS:
+        raise ValueError(f"unknown command {command!r}; valid: {sorted(CONFIGS)}")
+    cls = CONFIGS[command]
+    # no prefix matching (`--num_gen 4` is an unknown key, not num_generations); bad values raise instead of exiting
+    parser = TrlParser(
+        cls,
+        prog=f"kbrouter train {command}",
+        usage=f"kbrouter train {command} --config FILE [--key value ...]",
+        description="`--config FILE` gives the recipe (configs/train/*.yaml); each flag below overrides one key.",
+        allow_abbrev=False,
+        exit_on_error=False,
+    )
+    hints = typing.get_type_hints(cls)  # the annotations as written: HfArgumentParser rewrites `Field.type` in place
+    for action in parser._actions:  # argparse keeps no public list; TrlParser.set_defaults_with_config walks it too
+        hint = hints.get(action.dest)
+        if hint is None or action.option_strings[0] != f"--{action.dest}":  # --help, and the `--no_x` complements
+            continue
+        if _structured(hint):
+            action.type, action.nargs = _yaml_value, None
+        elif hint == str | None:
+            action.type = _str_or_null
+    return parser
+
+
+def _flag_error(unparsed: list[str], cls: type, path: Path | None) -> ValueError:
+    """The error for the first flag `recipe_parser` left unparsed: an unknown key (closest keys named) or a stray word."""
+    tok = unparsed[0]
+    key, eq, raw = tok.removeprefix("--").partition("=")
+    if not tok.startswith("--"):
+        if eq and re.fullmatch(r"[A-Za-z_][\w.-]*", key):
+            return ValueError(f"override {tok!r} is the old `key=value` form; write `--{key} {raw}` ({NEW_FORM})")
+        return ValueError(
+            f"unexpected argument {tok!r}: a flag takes one value (a list is one YAML value, e.g. "
+            f"`--step_types '[plan, final]'`); overrides look like {NEW_FORM}"
+        )
+    key = key.replace("-", "_")
+    close = difflib.get_close_matches(key, field_names(cls), n=3)
+    hint = f"; did you mean {close}?" if close else f"; `kbrouter train {COMMANDS[cls]} --help` lists the keys"
+    return ValueError(f"unknown key {key!r} in the overrides (recipe {path}){hint}")
 
 
 def load_config(command: str, path: str | Path | None, overrides: list[str] | None = None):
     """Build the config of `command` (`sft` or `grpo`) from a YAML recipe and `--key value` overrides.
 
+    The recipe is read in the project's YAML dialect (`retrievers.config_file.yaml_loads`: only `true`/`false` are
+    booleans, `1e-4` is a float) and its values become the defaults of `recipe_parser`'s flags
+    (`TrlParser.set_defaults_with_config`); TRL's `HfArgumentParser` then parses the overrides and builds the
+    dataclass, which validates itself. `TrlParser.parse_args_and_config` is not called because it reads the file with
+    `yaml.safe_load` (`save_strategy: no` would be False) and exports an `env:` section into `os.environ`. Paths are
+    kept as written (relative to the working directory), as before.
+
     Raises:
-        ValueError: an unknown key (naming it and the closest valid keys), or invalid values.
+        ValueError: an unknown key (naming it, the file and the closest valid keys), a bad value (naming the flag and
+            where it came from), or values the config rejects.
         FileNotFoundError: the recipe does not exist.
     """
-    if command not in CONFIGS:
-        raise ValueError(f"unknown command {command!r}; valid: {sorted(CONFIGS)}")
+    parser = recipe_parser(command)
     cls = CONFIGS[command]
     values: dict = {}
     if path is not None:
         path = Path(path)
         if not path.exists():
             raise FileNotFoundError(f"recipe not found: {path}")
-        from retrievers.config import load_yaml
-
         values = load_yaml(path, _yaml_load) or {}
         if not isinstance(values, dict):
             raise ValueError(f"{path}: a recipe is a mapping of keys to values")
-    values.update(_parse_overrides(overrides or []))
-    valid = {f.name for f in dataclasses.fields(cls) if f.init}
-    for key in values:
-        if key not in valid:
-            close = difflib.get_close_matches(key, sorted(valid), n=3)
-            hint = f"; did you mean {close}?" if close else ""
-            raise ValueError(f"unknown key {key!r} for `{command}` in {path or 'overrides'}{hint}")
-    return cls(**values)
+        check_keys(cls, values, str(path))  # TRL's own message would name neither the file nor the closest key
+        parser.set_defaults_with_config(**values)
+    tokens = list(overrides or [])
+    try:
+        _, unparsed = parser.parse_known_args(tokens)
+        if unparsed:
+            raise _flag_error(unparsed, cls, path)
+        (cfg,) = parser.parse_args_into_dataclasses(tokens, look_for_args_file=False)  # no hidden `<script>.args`
+    except argparse.ArgumentError as e:  # a value its type refuses, e.g. `--num_generations eight` or `bf16: off`
+        given = e.argument_name and any(t.split("=")[0] in e.argument_name.split("/") for t in tokens)
+        where = "the overrides" if given or path is None else str(path)
+        raise ValueError(f"{where}: {e}; give a value of the field's type (`{parser.prog} --help`)") from None
+    return cfg
