@@ -1,5 +1,10 @@
 """Benchmark loaders: local files → normalised rows in a `datasets.Dataset` → `agent.types.Question`s.
 
+The shared sets (`hotpotqa`, `musique`, `tabfact`, `wtq`, `coco`, `video`) are read by `agent.qa_formats`, the
+reader synthesis uses (`SHARED_FORMATS` names each one's format), so both ask the same questions with the same ids and
+gold answers; rows it cannot ask (no gold answer, an empty question, a duplicate id, a missing photo) are left out and
+counted by reason (`LoadedDataset.skips`). What eval adds is its own: the gold KB and evidence, splits and subsets.
+
 Every loader reads JSONL line by line (a malformed line raises naming the file and line) and returns rows with
 `id`, `question`, `answers` (gold strings; InfoSeek numeric ranges expanded as the paper does), `images`,
 `gold_kb` (KB name holding the evidence, "" when unknown), `gold_evidence` (doc ids: paragraph ids, table ids,
@@ -21,11 +26,11 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from agent.metrics import expand_infoseek_golds
-from agent.phrasing import tabfact_question
+from agent.qa_formats import Row, Skip, Source, check_rows, count_skips, read_rows
 from agent.types import Question
 from retrievers.jsonl import iter_jsonl_objects
 
@@ -90,6 +95,7 @@ class LoadedDataset:
     split: str = (
         ""  # the held-out filter applied, e.g. "held-out of shared_heldout.json[wtq]: 1016 of 2136 in the file"
     )
+    skips: dict[str, int] = field(default_factory=dict)  # rows of the file left out, by reason (agent.qa_formats)
 
 
 def read_jsonl_rows(path: str | Path) -> Iterator[tuple[int, dict]]:
@@ -128,18 +134,22 @@ def _row(
     }
 
 
-# -- loaders: (spec, file) -> rows ----------------------------------------------------------------------------------
-def _r1_text(prefix: str) -> Callable[[DatasetSpec, Path], list[dict]]:
-    def load(spec: DatasetSpec, path: Path) -> list[dict]:
-        return [_row(f"{prefix}-{n}", r["question"], [r["answer"]]) for n, r in read_jsonl_rows(path)]
+# -- loaders: (spec, file) -> (rows, rows left out) ---------------------------------------------------------------
+# A loader: the rows of a dataset's file, and the rows it left out (only the shared formats leave rows out)
+Loader = Callable[["DatasetSpec", Path], tuple[list[dict], list[Skip]]]
+
+
+def _r1_text(prefix: str) -> Loader:
+    def load(spec: DatasetSpec, path: Path) -> tuple[list[dict], list[Skip]]:
+        return [_row(f"{prefix}-{n}", r["question"], [r["answer"]]) for n, r in read_jsonl_rows(path)], []
 
     return load
 
 
-def _r1_tabfact(spec: DatasetSpec, path: Path) -> list[dict]:
+def _r1_tabfact(spec: DatasetSpec, path: Path) -> tuple[list[dict], list[Skip]]:
     join = path.parent.parent / "table" / "tabfact" / "r1router_tabfact_val_to_table.jsonl"
     tables = {r["r1_router_line"]: r["table_id"] for _, r in read_jsonl_rows(join)} if join.is_file() else {}
-    return [
+    rows = [
         _row(
             f"r1tabfact-{i}",
             r["question"],
@@ -149,6 +159,7 @@ def _r1_tabfact(spec: DatasetSpec, path: Path) -> list[dict]:
         )
         for i, (_, r) in enumerate(read_jsonl_rows(path))
     ]
+    return rows, []
 
 
 def _image_paths(spec: DatasetSpec, image_id: object) -> list[str]:
@@ -161,8 +172,8 @@ def _image_paths(spec: DatasetSpec, image_id: object) -> list[str]:
     return [f"<missing:{image_id}>"]
 
 
-def _r1_infoseek(spec: DatasetSpec, path: Path) -> list[dict]:
-    return [
+def _r1_infoseek(spec: DatasetSpec, path: Path) -> tuple[list[dict], list[Skip]]:
+    rows = [
         _row(
             r["data_id"],
             r["question"],
@@ -172,10 +183,11 @@ def _r1_infoseek(spec: DatasetSpec, path: Path) -> list[dict]:
         )
         for _, r in read_jsonl_rows(path)
     ]
+    return rows, []
 
 
-def _r1_dynvqa(spec: DatasetSpec, path: Path) -> list[dict]:
-    return [
+def _r1_dynvqa(spec: DatasetSpec, path: Path) -> tuple[list[dict], list[Skip]]:
+    rows = [
         _row(
             f"dynvqa-{r['question_id']}",
             r["question"],
@@ -185,10 +197,11 @@ def _r1_dynvqa(spec: DatasetSpec, path: Path) -> list[dict]:
         )
         for _, r in read_jsonl_rows(path)
     ]
+    return rows, []
 
 
-def _r1_webqa(spec: DatasetSpec, path: Path) -> list[dict]:
-    return [
+def _r1_webqa(spec: DatasetSpec, path: Path) -> tuple[list[dict], list[Skip]]:
+    rows = [
         _row(
             f"webqa-{n}",
             r["question"],
@@ -198,83 +211,88 @@ def _r1_webqa(spec: DatasetSpec, path: Path) -> list[dict]:
         )
         for n, r in read_jsonl_rows(path)
     ]
+    return rows, []
 
 
-def _shared_text(dataset: str) -> Callable[[DatasetSpec, Path], list[dict]]:
-    def load(spec: DatasetSpec, path: Path) -> list[dict]:
+def _read_shared(loader: str, path: Path, text_only: bool = False) -> tuple[list[Row], list[Skip]]:
+    """The askable rows of a shared set read by `agent.qa_formats` (for `shared_text`: this loader's dataset only),
+    and the rows left out; `text_only` drops the images before the check, so a missing photo skips nothing."""
+    fmt, dataset = SHARED_FORMATS[loader]
+    rows = read_rows(fmt, Source(str(path)))
+    if dataset:
+        rows = [r for r in rows if r.dataset == dataset]
+    if text_only:
+        rows = [replace(r, images=()) for r in rows]
+    return check_rows(rows, str(path))
+
+
+def _shared_text(dataset: str) -> Loader:
+    def load(spec: DatasetSpec, path: Path) -> tuple[list[dict], list[Skip]]:
+        rows, skips = _read_shared(dataset, path)
         return [
             _row(
-                r["qid"],
-                r["question"],
-                r["answers"],
+                r.id,
+                r.question,
+                r.golds,
                 gold_kb="wiki",
-                gold_evidence=r["supporting_doc_ids"],
-                hops=r.get("hops"),
+                gold_evidence=r.fields["supporting_doc_ids"],
+                hops=r.fields.get("hops"),
             )
-            for _, r in read_jsonl_rows(path)
-            if r["dataset"] == dataset
-        ]
+            for r in rows
+        ], skips
 
     return load
 
 
-def _tabfact(spec: DatasetSpec, path: Path) -> list[dict]:
+def _tabfact(spec: DatasetSpec, path: Path) -> tuple[list[dict], list[Skip]]:
+    rows, skips = _read_shared("tabfact", path)
+    return [
+        _row(r.id, r.question, r.golds, gold_kb="tabfact", gold_evidence=[r.fields["table_id"]]) for r in rows
+    ], skips
+
+
+def _wtq(spec: DatasetSpec, path: Path) -> tuple[list[dict], list[Skip]]:
+    rows, skips = _read_shared("wtq", path)
+    return [_row(r.id, r.question, r.golds, gold_kb="wtq", gold_evidence=[r.fields["table_id"]]) for r in rows], skips
+
+
+def _coco(spec: DatasetSpec, path: Path) -> tuple[list[dict], list[Skip]]:
+    rows, skips = _read_shared("coco", path, text_only=spec.text_only)
     return [
         _row(
-            r["qid"],
-            tabfact_question(r["statement"]),
-            ["yes" if r["label"] == 1 else "no"],
-            gold_kb="tabfact",
-            gold_evidence=[r["table_id"]],
-        )
-        for _, r in read_jsonl_rows(path)
-    ]
-
-
-def _wtq(spec: DatasetSpec, path: Path) -> list[dict]:
-    return [
-        _row(r["qid"], r["question"], r["answers"], gold_kb="wtq", gold_evidence=[r["table_id"]])
-        for _, r in read_jsonl_rows(path)
-    ]
-
-
-def _coco(spec: DatasetSpec, path: Path) -> list[dict]:
-    images = {}
-    index = path.parent / "images.jsonl"
-    if index.is_file():
-        images = {r["image_id"]: str(path.parent / r["file"]) for _, r in read_jsonl_rows(index)}
-    return [
-        _row(
-            r["qid"],
-            r["question"],
-            [r["answer"]],
-            images=[images.get(r["image_id"], f"<missing:{r['image_id']}>")] if not spec.text_only else [],
+            r.id,
+            r.question,
+            r.golds,
+            images=list(r.images),
             gold_kb="coco_captions",
-            gold_evidence=[r["image_id"]],
-            type=r["type"],
+            gold_evidence=[r.fields["image_id"]],
+            type=r.fields["type"],
         )
-        for _, r in read_jsonl_rows(path)
-    ]
+        for r in rows
+    ], skips
 
 
-def _video(spec: DatasetSpec, path: Path) -> list[dict]:
+def _video(spec: DatasetSpec, path: Path) -> tuple[list[dict], list[Skip]]:
+    rows, skips = _read_shared("video", path)
     return [
         _row(
-            r["qid"],
-            r["question"],
-            [r["answer"]],
+            r.id,
+            r.question,
+            r.golds,
             gold_kb="video_clips",
-            gold_evidence=[f"{r['video_id']}@{r['evidence_span_s'][0]:g}-{r['evidence_span_s'][1]:g}"],
+            gold_evidence=[
+                f"{r.fields['video_id']}@{r.fields['evidence_span_s'][0]:g}-{r.fields['evidence_span_s'][1]:g}"
+            ],
         )
-        for _, r in read_jsonl_rows(path)
-    ]
+        for r in rows
+    ], skips
 
 
 # evidence type of a documents QA line -> the KB of `kbrouter ingest` that holds it (configs written by ingest)
 DOCS_EVIDENCE_KB = {"text": "text", "table": "table", "figure": "image"}
 
 
-def _docs_qa(spec: DatasetSpec, path: Path) -> list[dict]:
+def _docs_qa(spec: DatasetSpec, path: Path) -> tuple[list[dict], list[Skip]]:
     """Questions over ingested documents (`shared/data/docs/qa.jsonl` style): `{qid, file, question, answers, page,
     evidence_type, evidence}`. The gold KB is the evidence type's; the gold evidence is the page (`file#p4`, or the
     file when it has no pages), which every record of `kbrouter ingest` names in its `source_id`."""
@@ -297,13 +315,13 @@ def _docs_qa(spec: DatasetSpec, path: Path) -> list[dict]:
                 page=page,
             )
         )
-    return rows
+    return rows, []
 
 
 COLUMN_KEYS = ("id", "question", "answers", "images", "gold_kb", "gold_evidence")
 
 
-def _jsonl(spec: DatasetSpec, path: Path) -> list[dict]:
+def _jsonl(spec: DatasetSpec, path: Path) -> tuple[list[dict], list[Skip]]:
     cols = {
         "id": "id",
         "question": "question",
@@ -340,11 +358,11 @@ def _jsonl(spec: DatasetSpec, path: Path) -> list[dict]:
                 gold_evidence=[evidence] if isinstance(evidence, str) else evidence,
             )
         )
-    return rows
+    return rows, []
 
 
-# loader name -> (rows function, default file under shared_data, default group)
-LOADERS: dict[str, tuple[Callable[[DatasetSpec, Path], list[dict]], str, str]] = {
+# loader name -> (loader, default file under shared_data, default group)
+LOADERS: dict[str, tuple[Loader, str, str]] = {
     "r1_2wiki": (_r1_text("2wiki"), "r1router/2wikimultihopqa_val.jsonl", "text"),
     "r1_openwikitable": (_r1_text("owt"), "r1router/openwikitqa_val.jsonl", "table"),
     "r1_tabfact": (_r1_tabfact, "r1router/tabfact_val.jsonl", "table"),
@@ -361,6 +379,15 @@ LOADERS: dict[str, tuple[Callable[[DatasetSpec, Path], list[dict]], str, str]] =
     "jsonl": (_jsonl, "", "custom"),
 }
 SPEC_KEYS = tuple(f.name for f in fields(DatasetSpec))
+# loader name -> (its `agent.qa_formats` format, the dataset its rows name, "" for every row): the sets synthesis reads
+SHARED_FORMATS: dict[str, tuple[str, str]] = {
+    "hotpotqa": ("shared_text", "hotpotqa"),
+    "musique": ("shared_text", "musique"),
+    "tabfact": ("tabfact", ""),
+    "wtq": ("wtq", ""),
+    "coco": ("coco", ""),
+    "video": ("video", ""),
+}
 
 
 def read_split(split_file: str | Path, key: str) -> set[str]:
@@ -401,7 +428,10 @@ def load_dataset(spec: DatasetSpec, shared_data: str | Path = "") -> LoadedDatas
     rows_fn, default_file, default_group = LOADERS[spec.loader]
     path = Path(spec.path) if spec.path else Path(shared_data) / default_file
     group = spec.group or default_group
-    rows = rows_fn(spec, path)
+    rows, skipped_rows = rows_fn(spec, path)
+    skips = count_skips(skipped_rows)
+    if skips:
+        logger.warning("dataset %s: %d row(s) of %s left out: %s", spec.name, len(skipped_rows), path, skips)
     split = ""
     if spec.split_file:
         key = spec.split_key or (spec.name if spec.loader == "jsonl" else spec.loader)
@@ -416,7 +446,7 @@ def load_dataset(spec: DatasetSpec, shared_data: str | Path = "") -> LoadedDatas
         split = f"held-out of {Path(spec.split_file).name}[{key}]: {len(kept)} of {len(rows)} in the file"
         rows = kept
     if not rows:
-        return LoadedDataset(spec, group, [], skipped=f"no questions in {path}", split=split)
+        return LoadedDataset(spec, group, [], skipped=f"no questions in {path}", split=split, skips=skips)
     ds = datasets.Dataset.from_list(rows)
     if spec.sample_seed is not None:
         ds = ds.shuffle(seed=spec.sample_seed)
@@ -429,7 +459,7 @@ def load_dataset(spec: DatasetSpec, shared_data: str | Path = "") -> LoadedDatas
             "visual sets ship without images: set `image_root:` to their folder, or `text_only: true`"
         )
         logger.warning("dataset %s skipped: %s", spec.name, reason)
-        return LoadedDataset(spec, group, [], skipped=reason, split=split)
+        return LoadedDataset(spec, group, [], skipped=reason, split=split, skips=skips)
     questions = []
     for row in ds:
         gold_kb = spec.gold_kb if spec.gold_kb is not None else row["gold_kb"]
@@ -451,4 +481,4 @@ def load_dataset(spec: DatasetSpec, shared_data: str | Path = "") -> LoadedDatas
     if len(set(ids)) != len(ids):
         dup = next(i for i in ids if ids.count(i) > 1)
         raise ValueError(f"dataset {spec.name!r} ({path}): duplicate question id {dup!r}; ids must be unique")
-    return LoadedDataset(spec, group, questions, split=split)
+    return LoadedDataset(spec, group, questions, split=split, skips=skips)

@@ -68,7 +68,7 @@ def test_m_abc_on_the_command_line_is_one_clear_error():
 
 
 def test_a_broken_input_line_names_the_file_and_line(tmp_path):
-    from data_synthesis.inputs import load_rows
+    from agent.qa_formats import load_rows
 
     path = tmp_path / "qa.jsonl"
     path.write_text('{"id": "1", "question": "q?", "golden_answers": ["a"]}\n{"id": "2", "question": \n')
