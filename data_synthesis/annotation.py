@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from agent.kbs import KnowledgeBase
+from agent.step_records import kb_id
 from agent.types import Question, Step, Trajectory
 from data_synthesis.config import SynthConfig
 from data_synthesis.gold_plans import PLANNERS, GoldPlan, NoPlan, PlanContext, planner_for
@@ -157,7 +158,7 @@ class AnnotationTeacher:
 
     def run_batch(self, questions: Sequence[Question]) -> list[Trajectory]:
         """One gold trajectory per question (id `<question id>#0`), in order."""
-        plans = [self.plans[q.id] for q in questions]
+        plans = [self._plan(q) for q in questions]
         hits: list[list[list[Hit]]] = [[[] for _ in p.steps] for p in plans]
         for hop in range(max((len(p.steps) for p in plans), default=0)):
             todo = [(qi, p.steps[hop]) for qi, p in enumerate(plans) if hop < len(p.steps)]
@@ -170,14 +171,15 @@ class AnnotationTeacher:
                     hits[qi][hop] = list(s.hits)
         return [self._trajectory(q, p, h) for q, p, h in zip(questions, plans, hits, strict=True)]
 
+    def _plan(self, q: Question) -> GoldPlan:
+        """`q`'s gold plan, its steps naming their KB by name (`Step.kb`'s identifier); an unloaded KB is refused."""
+        plan, where = self.plans[q.id], f"question {q.id}: its gold plan"
+        kbs = self.by_name.values()
+        return replace(plan, steps=tuple(replace(s, kb=kb_id(s.kb, kbs, "name", where)) for s in plan.steps))
+
     def _trajectory(self, q: Question, plan: GoldPlan, hits: list[list[Hit]]) -> Trajectory:
-        kb_display = {name: kb.display_name for name, kb in self.by_name.items()}
         steps, previous = [], ""
         for i, (gold, h) in enumerate(zip(plan.steps, hits, strict=True)):
-            if gold.kb not in kb_display:
-                raise ValueError(
-                    f"question {q.id}: KB {gold.kb!r} of its gold plan is not loaded ({sorted(kb_display)})"
-                )
             steps.append(Step(index=i, think=plan_think(i, gold.sub_question, previous), sub_question=gold.sub_question,
                               kb=gold.kb, hits=tuple(h), answer_think=answer_think(gold.answer, h, gold.support),
                               answer=gold.answer))  # fmt: skip

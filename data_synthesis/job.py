@@ -159,7 +159,6 @@ def run_synthesis(cfg: SynthConfig, policy: Policy | None = None, kbs: dict[str,
         elif not isinstance(policy, RetryingPolicy):
             policy = RetryingPolicy(policy, retries=cfg.teacher.retries, backoff_s=cfg.teacher.backoff_s)
         kb_menu = [(kb.display_name, kb.description) for kb in kbs.values()]
-        display_names = {kb.name: kb.display_name for kb in kbs.values()}
         bar = _progress_bar(cfg, total=len(questions), initial=sum(len(batches[b]) for b in done))
         accepted = sum(p["accepted"] for p in progress)
         try:
@@ -180,7 +179,7 @@ def run_synthesis(cfg: SynthConfig, policy: Policy | None = None, kbs: dict[str,
                         if v.accepted:
                             n_acc += 1
                             rows["trajectories.jsonl"].append(d)
-                            rows["steps.jsonl"] += step_records(traj, kb_menu, display_names)
+                            rows["steps.jsonl"] += step_records(traj, kb_menu, kbs.values())
                         else:
                             rows["rejected.jsonl"].append({
                                 "id": traj.id, "question_id": traj.metadata["question_id"],

@@ -15,11 +15,11 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-from dataclasses import replace
+from collections.abc import Iterable
 from pathlib import Path
 
 from agent.protocol import PromptSettings
-from agent.step_records import records_from_trajectory
+from agent.step_records import NamedKB, records_from_trajectory
 from agent.types import Trajectory
 
 logger = logging.getLogger(__name__)
@@ -27,20 +27,23 @@ logger = logging.getLogger(__name__)
 STEP_PROMPT = PromptSettings(few_shot=False)  # training prompts = the trained router's inference prompts
 
 
-def step_records(traj: Trajectory, kbs: list[tuple[str, str]], display_names: dict[str, str]) -> list[dict]:
+def step_records(traj: Trajectory, kbs: list[tuple[str, str]], ids: Iterable[NamedKB]) -> list[dict]:
     """The step records of one accepted trajectory as dicts (`StepRecord.to_dict`).
 
     A trajectory's steps name their KB by `KnowledgeBase.name` (as hits do); a plan record's gold `kb` is the
-    display name the policy writes in `<ret>` (what `kb_names` lists and the route reward compares), so it is mapped.
+    display name the policy writes in `<ret>` (what `kb_names` lists and the route reward compares), mapped by
+    `agent.step_records.kb_id` (the rule: `agent/step_records.py`'s docstring).
 
     Args:
         traj: an accepted trajectory (with gold).
         kbs: `(display_name, description)` of the KBs the plan prompts list.
-        display_names: KB name -> display name.
+        ids: the loaded KBs (`kbs.values()` of the job's `dict[str, KnowledgeBase]`).
+
+    Raises:
+        ValueError: a step's KB is not one of `ids` (named with the trajectory and step).
     """
-    steps = tuple(replace(s, kb=display_names.get(s.kb, s.kb)) if s.kb else s for s in traj.steps)
     out = []
-    for r in records_from_trajectory(replace(traj, steps=steps), kbs, STEP_PROMPT):
+    for r in records_from_trajectory(traj, kbs, STEP_PROMPT, ids):
         d = r.to_dict()
         d["metadata"] = {**d["metadata"], "dataset": traj.metadata.get("dataset", ""),
                          "question_id": traj.metadata.get("question_id", traj.id),

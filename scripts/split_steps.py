@@ -35,11 +35,10 @@ def routing_records(rejected: Path, kb_file: Path) -> list[dict]:
 
     kbs = load_kb_configs(kb_file)
     menu = [(kb.display_name, kb.description) for kb in kbs]
-    names = {kb.name: kb.display_name for kb in kbs}
     out = []
     for _, row in iter_jsonl_objects(rejected):
         traj = Trajectory.from_dict(row["trajectory"])
-        first = step_records(traj, menu, names)[0]
+        first = step_records(traj, menu, kbs)[0]
         if first["step_type"] == "plan" and first["gold"]["kb"]:
             first["metadata"] = {**first["metadata"], "routing_only": True, "rejected_for": row["reasons"]}
             out.append(first)

@@ -24,9 +24,11 @@ import logging
 import math
 import random
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from agent.protocol import parse_answer, parse_plan
+from agent.step_records import NamedKB, kb_id
 from retrievers.jsonl import iter_jsonl_objects
 from retrievers.types import Hit  # noqa: F401 (documented type of the rollout evidence)
 from training.config import StepGRPOConfig
@@ -50,26 +52,18 @@ STEP_REWARDS = ("ask", "route")  # need a gold step; `answer` also scores final 
 
 
 # -- questions ------------------------------------------------------------------------------------------------------
-def kb_display_names(kb_file: str | Path) -> dict[str, str]:
-    """`{name: display_name}` of a KB YAML, read without building or loading any index."""
-    from retrievers.config import load_kb_configs
-
-    return {c.name: c.display_name for c in load_kb_configs(str(kb_file))}
-
-
-def _gold_kb(kb: str, names: dict[str, str], where: str) -> str:
-    if kb in names.values():
-        return kb
-    if kb in names:
-        return names[kb]
-    raise ValueError(f"{where}: gold KB {kb!r} is not in the online KB set; valid: {sorted(names.values())}")
-
-
-def question_from_row(row: dict, names: dict[str, str], where: str) -> OnlineQuestion | None:
+def question_from_row(row: dict, kbs: Sequence[NamedKB], where: str) -> OnlineQuestion | None:
     """One training question from a trajectory row (gold steps from its searches) or a question row.
 
-    A question row is `{id, question, answers | golden_answers, gold_steps?: [{sub_question, kb, answer}]}`.
-    Trajectories that did not end with an answer give None (skipped, as in `training.step_data`).
+    A question row is `{id, question, answers | golden_answers, gold_steps?: [{sub_question, kb, answer}]}`; a gold
+    step's `kb` is a KB name or display name. Gold steps carry display names (what the route reward compares with
+    `<ret>`), mapped by `agent.step_records.kb_id` (a trajectory's steps carry names). Trajectories that did not end
+    with an answer give None (skipped, as in `training.step_data`).
+
+    Args:
+        row: one line of the training file.
+        kbs: the online KB set (`agent.kbs.kb_configs` of `online_rollout.kb`).
+        where: `path:line` of the row, for errors.
     """
     if "steps" in row and "question" in row:
         from agent.types import Trajectory
@@ -78,7 +72,7 @@ def question_from_row(row: dict, names: dict[str, str], where: str) -> OnlineQue
         if traj.stop_reason not in ("answered", "max_steps"):
             return None
         answers = tuple(traj.gold or ())
-        gold = tuple(GoldStep(s.sub_question, _gold_kb(s.kb or "", names, where), s.answer)
+        gold = tuple(GoldStep(s.sub_question, kb_id(s.kb or "", kbs, "display_name", where), s.answer)
                      for s in traj.retrieval_steps)  # fmt: skip
         qid, question, images = traj.id, traj.question, tuple(traj.images)
     elif "question" in row:
@@ -89,7 +83,8 @@ def question_from_row(row: dict, names: dict[str, str], where: str) -> OnlineQue
             if not isinstance(steps, list) or any(not isinstance(s, dict) or "sub_question" not in s or "kb" not in s
                                                   for s in steps):  # fmt: skip
                 raise ValueError(f"{where}: `gold_steps` is a list of {{sub_question, kb, answer}}; got {steps!r}")
-            gold = tuple(GoldStep(str(s["sub_question"]), _gold_kb(str(s["kb"]), names, where), str(s.get("answer", "")))
+            gold = tuple(GoldStep(str(s["sub_question"]), kb_id(str(s["kb"]), kbs, "display_name", where),
+                                  str(s.get("answer", "")))
                          for s in steps)  # fmt: skip
         qid, question, images = str(row.get("id", where)), str(row["question"]), tuple(row.get("images") or ())
     else:
@@ -100,7 +95,7 @@ def question_from_row(row: dict, names: dict[str, str], where: str) -> OnlineQue
     return OnlineQuestion(qid, question, answers, images, gold or None)
 
 
-def load_online_questions(cfg: StepGRPOConfig, names: dict[str, str]) -> list[OnlineQuestion]:
+def load_online_questions(cfg: StepGRPOConfig, kbs: Sequence[NamedKB]) -> list[OnlineQuestion]:
     """Read and check the training questions; no model or index is touched.
 
     Raises:
@@ -114,7 +109,7 @@ def load_online_questions(cfg: StepGRPOConfig, names: dict[str, str]) -> list[On
         raise FileNotFoundError(f"training file not found: {path}")
     out, skipped_images = [], 0
     for n, row in iter_jsonl_objects(path):
-        q = question_from_row(row, names, f"{path}:{n}")
+        q = question_from_row(row, kbs, f"{path}:{n}")
         if q is not None and q.images:
             skipped_images += 1
         elif q is not None:
@@ -448,15 +443,14 @@ def build_online_grpo_trainer(cfg: StepGRPOConfig):
     """Online Step-GRPO: questions and KB names checked first, then the KBs, the policy and the trainer."""
     import datasets
 
-    from agent.kbs import load_knowledge_bases
+    from agent.kbs import kb_configs, load_knowledge_bases
     from training.trainers import is_vision_language, load_processing_class, make_trainer, resolve_model_path
 
     settings = cfg.online_settings()
     kb_file = Path(settings.kb)
     if not kb_file.is_file():
         raise FileNotFoundError(f"online_rollout.kb: no KB YAML at {kb_file}")
-    names = kb_display_names(kb_file)
-    questions = load_online_questions(cfg, names)  # every data error before anything loads
+    questions = load_online_questions(cfg, kb_configs(kb_file))  # every data error before anything loads
     model_path = resolve_model_path(cfg.model_name_or_path)
     if is_vision_language(model_path):
         logger.info("vision-language policy: online rollouts are text-only in this version")

@@ -87,7 +87,12 @@ def get_format_reward() -> RewardFunc:
 
 
 class RouteReward:
-    """`r_route`: 1 when exactly one KB is chosen and it is the gold KB; `None` against a gold `None` is right."""
+    """`r_route`: 1 when exactly one KB is chosen and it is the gold KB; `None` against a gold `None` is right.
+
+    Both sides are display names (the identifier rule: `agent/step_records.py`): the `<ret>` the policy wrote and
+    the row's `gold_kb`, which must be one of the row's `kb_names`; a gold KB outside them (e.g. a KB name where its
+    display name belongs) would score every completion 0, so it raises instead.
+    """
 
     def __init__(self, gate: bool = True):
         self.gate = gate
@@ -99,10 +104,17 @@ class RouteReward:
         gold_kbs = _column(kwargs, "gold_kb", n)
         plans = _parse_plans(completions, kwargs, types_)
         out: list[float | None] = []
-        for plan, gold in zip(plans, gold_kbs, strict=True):
+        for plan, gold, kbs in zip(plans, gold_kbs, kwargs["kb_names"], strict=True):
             if plan is None:
                 out.append(None)
-            elif (self.gate and not plan.ok) or "multiple_kbs" in plan.errors or "unknown_kb" in plan.errors:
+                continue
+            if gold is not None and normalize_kb(gold) not in {normalize_kb(k) for k in kbs}:
+                raise ValueError(
+                    f"route reward: gold_kb {gold!r} is not among the row's kb_names {list(kbs)}; the reward "
+                    "compares display names (what the policy writes in <ret>): map a KB name with "
+                    "agent.step_records.kb_id"
+                )
+            if (self.gate and not plan.ok) or "multiple_kbs" in plan.errors or "unknown_kb" in plan.errors:
                 out.append(0.0)
             elif plan.kb is None or gold is None:
                 # a stop (None) is right only against a gold stop; a missing <ret> tag never is

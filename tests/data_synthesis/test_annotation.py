@@ -13,6 +13,7 @@ import yaml
 
 from agent.backends.base import Completion
 from agent.loop import AgentConfig, StepAgent
+from agent.step_records import kb_id
 from data_synthesis.config import SynthConfig
 from data_synthesis.gold_plans import NoPlan, image_sub_question, musique_question
 from data_synthesis.job import load_kbs, run_synthesis
@@ -364,10 +365,10 @@ class ReplayPolicy:
 
     name = "replay"
 
-    def __init__(self, trajs: list[dict], display: dict[str, str]) -> None:
+    def __init__(self, trajs: list[dict], kbs: list) -> None:
         self.by_question = {t["question"]: t for t in trajs}
         self.answers = {s["sub_question"]: s for t in trajs for s in _retrievals(t)}
-        self.display = display
+        self.kbs = kbs
 
     def _reply(self, conv: list[dict]) -> str:
         c = conv[-1]["content"]
@@ -379,7 +380,7 @@ class ReplayPolicy:
         if "Now give the final answer" in user:
             return f"<think>{t['final_think']}</think>\n<answer>{t['final_answer']}</answer>"
         s = t["steps"][user.count("\nSub-question ")]
-        kb = self.display[s["kb"]] if s["kb"] else "None"
+        kb = kb_id(s["kb"], self.kbs, "display_name") if s["kb"] else "None"
         return (
             f"<think>{s['think']}</think>\n<sub-question>{s['sub_question'] or 'None'}</sub-question>\n<ret>{kb}</ret>"
         )
@@ -394,11 +395,10 @@ def test_step_records_equal_what_the_live_loop_renders_for_the_same_steps(world)
     from agent.types import Question
 
     kbs = load_kbs(world["cfg"])
-    display = {kb.name: kb.display_name for kb in kbs.values()}
     menu = [(kb.display_name, kb.description) for kb in kbs.values()]
     gold = [world["accepted"][q] for q in (MUSIQUE, BRIDGE, world["statements"][0]["qid"], VIDEO_Q)]
-    agent = StepAgent(ReplayPolicy(gold, display), kbs, AgentConfig(max_steps=3, top_k=3, few_shot=False,
-                                                                     max_retries=0))  # fmt: skip
+    replay = ReplayPolicy(gold, list(kbs.values()))
+    agent = StepAgent(replay, kbs, AgentConfig(max_steps=3, top_k=3, few_shot=False, max_retries=0))
     live = agent.run_batch([Question(t["id"], t["question"], tuple(t["images"]), tuple(t["gold"]), t["metadata"])
                             for t in gold])  # fmt: skip
     from agent.types import Trajectory
@@ -408,10 +408,10 @@ def test_step_records_equal_what_the_live_loop_renders_for_the_same_steps(world)
         assert [(s.sub_question, s.kb, [h.doc.id for h in s.hits]) for s in theirs.steps] == [
             (s["sub_question"], s["kb"], [h["doc"]["id"] for h in s["hits"]]) for s in mine["steps"]]  # fmt: skip
         recorded = [r for r in world["steps"] if r["trajectory_id"] == mine["id"]]
-        rendered = step_records(theirs, menu, display)
+        rendered = step_records(theirs, menu, kbs.values())
         assert [r["messages"] for r in rendered] == [r["messages"] for r in recorded]
         assert [r["gold"] for r in rendered] == [r["gold"] for r in recorded]
-        assert step_records(Trajectory.from_dict(mine), menu, display) == recorded
+        assert step_records(Trajectory.from_dict(mine), menu, kbs.values()) == recorded
 
 
 @needs_shared

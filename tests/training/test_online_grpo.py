@@ -265,11 +265,46 @@ def test_online_settings_are_checked_when_the_recipe_loads(tmp_path):
         load_config("grpo", RECIPE, _args(tmp_path, kb, q, "--per_device_train_batch_size", "3"))
     with pytest.raises(ValueError, match=r"`online_rollout` is set but `online` is false"):
         load_config("grpo", RECIPE, _args(tmp_path, kb, q, "--online", "false"))
-    with pytest.raises(ValueError, match=r"gold KB 'wiki' is not in the online KB set"):
-        from training.online_grpo import kb_display_names, question_from_row
+    with pytest.raises(
+        ValueError,
+        match=r"q.jsonl:1: KB 'wiki' is neither the name nor the display name of a "
+        r"configured KB \(names \['text', 'table'\]",
+    ):
+        from agent.kbs import kb_configs
+        from training.online_grpo import question_from_row
 
         bad = {**GOLD_QUESTION, "gold_steps": [{"sub_question": "x?", "kb": "wiki", "answer": "y"}]}
-        question_from_row(bad, kb_display_names(kb), "q.jsonl:1")
+        question_from_row(bad, kb_configs(kb), "q.jsonl:1")
+
+
+def test_gold_steps_carry_display_names_from_trajectories_and_question_rows_into_the_route_reward(tmp_path):
+    """A trajectory names its KB by name, a question row by either: gold steps, rows and reward see display names."""
+    from agent.kbs import kb_configs
+    from agent.types import Step, Trajectory
+    from training.online_grpo import question_from_row, tree_rows
+    from training.rewards import get_route_reward
+    from training.rollouts import Generated, Sibling, StepState, StepTree, TreeStats
+
+    kbs = kb_configs(_kb_yaml(tmp_path / "kb.yaml", tmp_path / "idx"))  # reads the YAML; builds no index
+    traj = Trajectory("t#0", "Q?", steps=(Step(0, sub_question="s0?", kb="table", answer="a0"), Step(1)),
+                      final_answer="A", stop_reason="answered", gold=("A",))  # fmt: skip
+    from_traj = question_from_row(traj.to_dict(), kbs, "t.jsonl:1")
+    assert [g.kb for g in from_traj.gold_steps] == ["Table Retriever"]  # the trajectory's KB name, mapped
+    row = {**GOLD_QUESTION, "gold_steps": [{"sub_question": "s0?", "kb": "text", "answer": "a0"},  # a name
+                                           {"sub_question": "s1?", "kb": "table retriever", "answer": "a1"}]}  # fmt: skip
+    q = question_from_row(row, kbs, "q.jsonl:1")
+    assert [g.kb for g in q.gold_steps] == ["Text Retriever", "Table Retriever"]  # display names as configured
+
+    names = [c.display_name for c in kbs]
+    anchor = StepState(0, "plan", limit=2)
+    sibs = [[Sibling(anchor, Generated([1], [2], "x"), None, steps_after=0, outcome=0.0)] * 2]
+    rows = tree_rows(StepTree([q], [anchor], [[{"role": "user", "content": "p"}]], sibs, TreeStats()), names, 0.5)
+    plan = "<think>t</think><sub-question>s0?</sub-question><ret>{}</ret>"
+    route = get_route_reward()(
+        [plan.format("Text Retriever"), plan.format("Table Retriever")],
+        **{k: [r[k] for r in rows] for k in ("step_type", "gold_kb", "kb_names")},
+    )
+    assert route == [1.0, 0.0]  # the gold step's display name is what `<ret>` is compared with
 
 
 def test_rows_put_gold_steps_by_position_and_discount_the_outcome():
