@@ -88,7 +88,8 @@ class PrefixCache:
                 return self._entries[key]
             best, shared = None, 0
             for k in self._entries:
-                n = common_prefix_length(k, key)
+                # at most len(key) - 1: a prefix of a kept one still runs a token (an empty input is no forward)
+                n = min(common_prefix_length(k, key), len(key) - 1)
                 if n > shared:
                     best, shared = k, n
             if best is not None and shared >= self.min_tokens:
@@ -100,7 +101,7 @@ class PrefixCache:
             self.tokens_reused += shared
             self.tokens_run += len(key) - shared
             with torch.inference_mode():
-                ids = torch.tensor([key[shared:]], device=model.device)
+                ids = torch.tensor([key[shared:]], dtype=torch.long, device=model.device)
                 cache = model(input_ids=ids, cache=cache, use_cache=True).cache
             self._entries[key] = cache
             self._bytes[key] = cache_bytes(cache)

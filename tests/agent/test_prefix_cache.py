@@ -167,6 +167,23 @@ def test_a_prefix_grown_from_a_kept_one_equals_one_computed_afresh(smol):
     assert grown.get(smol.model, ids[:100]) is cache and grown.stats()["hits"] == 1
 
 
+def test_a_prefix_of_a_kept_one_is_cut_from_it_and_equals_one_computed_afresh(smol):
+    """A batch whose shared prefix is shorter than a kept one (IRCoT's growing prompts): the kept cache is cropped
+    and its last token run again; before, the empty remainder went to the model as a float tensor and failed."""
+    import torch
+
+    ids = smol.tokenizer("Knowledge bases you can search: " * 20, add_special_tokens=False)["input_ids"]
+    cut = PrefixCache(64 * 2**20)
+    cut.get(smol.model, ids[:100])
+    cache = cut.get(smol.model, ids[:60])
+    assert cut.stats()["tokens_run"] == 101 and cut.stats()["tokens_reused"] == 59
+    fresh = PrefixCache(64 * 2**20).get(smol.model, ids[:60])
+    for a, b in zip(cache.layers, fresh.layers, strict=True):
+        assert a.keys.shape[-2] == 60
+        torch.testing.assert_close(a.keys, b.keys, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(a.values, b.values, atol=1e-4, rtol=1e-4)
+
+
 def test_prefix_cache_stays_within_its_memory_bound(smol):
     ids = smol.tokenizer("alpha beta gamma delta " * 30, add_special_tokens=False)["input_ids"]
     probe = PrefixCache(2**30)
