@@ -151,37 +151,36 @@ def test_constrained_replies_are_identical_with_prefix_reuse(smol, step_prompts)
     assert [c.text for c in reused] == [c.text for c in plain]
 
 
-def test_a_prefix_grown_from_a_kept_one_equals_one_computed_afresh(smol):
+def _assert_equals_fresh(smol, cache, prefix) -> None:  # noqa: ANN001
+    """`cache` holds `prefix`'s keys and values, as a cache computed afresh for it does."""
     import torch
 
+    fresh = PrefixCache(64 * 2**20).get(smol.model, prefix)
+    for a, b in zip(cache.layers, fresh.layers, strict=True):
+        assert a.keys.shape[-2] == len(prefix)
+        torch.testing.assert_close(a.keys, b.keys, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(a.values, b.values, atol=1e-4, rtol=1e-4)
+
+
+def test_a_prefix_grown_from_a_kept_one_equals_one_computed_afresh(smol):
     ids = smol.tokenizer("Knowledge bases you can search: " * 20, add_special_tokens=False)["input_ids"]
     grown = PrefixCache(64 * 2**20)
     grown.get(smol.model, ids[:60])
     cache = grown.get(smol.model, ids[:100])
     assert grown.stats()["tokens_run"] == 100 and grown.stats()["tokens_reused"] == 60
-    fresh = PrefixCache(64 * 2**20).get(smol.model, ids[:100])
-    for a, b in zip(cache.layers, fresh.layers, strict=True):
-        assert a.keys.shape[-2] == 100
-        torch.testing.assert_close(a.keys, b.keys, atol=1e-4, rtol=1e-4)
-        torch.testing.assert_close(a.values, b.values, atol=1e-4, rtol=1e-4)
+    _assert_equals_fresh(smol, cache, ids[:100])
     assert grown.get(smol.model, ids[:100]) is cache and grown.stats()["hits"] == 1
 
 
 def test_a_prefix_of_a_kept_one_is_cut_from_it_and_equals_one_computed_afresh(smol):
     """A batch whose shared prefix is shorter than a kept one (IRCoT's growing prompts): the kept cache is cropped
     and its last token run again; before, the empty remainder went to the model as a float tensor and failed."""
-    import torch
-
     ids = smol.tokenizer("Knowledge bases you can search: " * 20, add_special_tokens=False)["input_ids"]
     cut = PrefixCache(64 * 2**20)
     cut.get(smol.model, ids[:100])
     cache = cut.get(smol.model, ids[:60])
     assert cut.stats()["tokens_run"] == 101 and cut.stats()["tokens_reused"] == 59
-    fresh = PrefixCache(64 * 2**20).get(smol.model, ids[:60])
-    for a, b in zip(cache.layers, fresh.layers, strict=True):
-        assert a.keys.shape[-2] == 60
-        torch.testing.assert_close(a.keys, b.keys, atol=1e-4, rtol=1e-4)
-        torch.testing.assert_close(a.values, b.values, atol=1e-4, rtol=1e-4)
+    _assert_equals_fresh(smol, cache, ids[:60])
 
 
 def test_prefix_cache_stays_within_its_memory_bound(smol):
