@@ -18,7 +18,8 @@ data URL, is the question image). The `kbrouter` extension field carries the str
 - `stream: false`: `message.content` is the answer, `message.reasoning_content` the steps as text, and the top-level
   `kbrouter` holds `{"trajectory": ..., "steps": [{"index", ..., "hits": [card, ...]}]}`. The trajectory reads back
   with `agent.types.Trajectory.from_dict` (media paths are replaced by the server's links).
-- Request extras: `kbrouter: {"max_steps": N, "kbs": [KB names]}` narrow one request's steps and KBs.
+- Request extras: `kbrouter: {"max_steps": N, "kbs": [KB names]}` narrow one request's steps and KBs (a display name
+  also names its KB, as `agent.step_records.kb_id` reads either).
 
 Concurrent requests share the policy through the micro-batcher of `kbrouter serve` (`retrievers.batching`): every
 running agent's generate calls with equal settings become one batched call, and searches are batched per KB.
@@ -45,15 +46,12 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from agent.backends.base import BackendError, Completion, Policy, SamplingParams, supports_grammar
 from agent.backends.factory import PolicyConfig
-from agent.chat import (
-    Turn,
-    latest_images,
-    question_text,
-)
+from agent.chat import Turn, latest_images, question_text
 from agent.completions import completion, stream_chunks
 from agent.kbs import KnowledgeBase
 from agent.loop import AgentConfig, StepAgent
 from agent.server import ChatMessage, ImageURL, TextPart, validation_message
+from agent.step_records import kb_id
 from agent.types import Question, Trajectory
 from retrievers.batching import MicroBatcher
 from retrievers.security import (
@@ -337,11 +335,17 @@ def create_agent_app(  # noqa: ANN201 (FastAPI app)
             cfg = replace(cfg, seed=req.seed)
         kbs = setup.kbs
         if opts.kbs is not None:
-            known = {kb.name: d for d, kb in setup.kbs.items()}
-            unknown = sorted(set(opts.kbs) - set(known))
+            kbs, unknown = {}, []
+            for n in opts.kbs:
+                try:
+                    display = kb_id(n, setup.kbs.values(), "display_name")
+                except ValueError:  # not a KB of this model (or one KB's name and another's display name)
+                    unknown.append(n)
+                else:
+                    kbs[display] = setup.kbs[display]
             if unknown:
-                raise ValueError(f"kbrouter.kbs: unknown KB(s) {unknown}; model {setup.name!r} has {sorted(known)}")
-            kbs = {known[n]: setup.kbs[known[n]] for n in opts.kbs}
+                names = sorted(kb.name for kb in setup.kbs.values())
+                raise ValueError(f"kbrouter.kbs: unknown KB(s) {sorted(unknown)}; model {setup.name!r} has {names}")
         question = Question(id=f"chat-{uuid.uuid4().hex[:12]}", question=text, images=images)
         return setup, cfg, kbs, question
 
@@ -424,7 +428,7 @@ def create_agent_app(  # noqa: ANN201 (FastAPI app)
 
 
 def _model_card(s: AgentSetup) -> dict:
-    kbs = [{"name": kb.name, "display_name": d, "description": kb.description} for d, kb in s.kbs.items()]
+    kbs = [{"name": kb.name, "display_name": kb.display_name, "description": kb.description} for kb in s.kbs.values()]
     info = {"kbs": kbs, "max_steps": s.config.max_steps, "vision": s.vision, "policy": s.policy.name}
     return {"id": s.name, "object": "model", "owned_by": "kbrouter", "description": s.description, "kbrouter": info}
 

@@ -6,13 +6,15 @@
   title, snippet, a table's rows, and a signed media link with its time span.
 - `public_trajectory` is a trajectory as clients see it: media paths replaced by links, uploads by their name, so no
   server path leaves the server; it still reads back with `Trajectory.from_dict`.
+- `kb_label` is `agent.step_records.kb_id` for rendering: a KB the server does not know is shown as given.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from agent.step_records import KBIdKind, NamedKB, kb_id
 from agent.types import Trajectory
 from retrievers.provenance import provenance_label
 from retrievers.security import MediaRoots
@@ -128,15 +130,34 @@ def public_trajectory(traj: Trajectory, media: MediaRoots | None) -> dict:
     return d
 
 
-def reasoning_of(traj: Trajectory, kb_display: dict[str, str]) -> str:
-    """The whole reasoning text of a finished trajectory, as the stream sends it step by step."""
+def kb_label(kb: str | None, kbs: Iterable[NamedKB], to: KBIdKind = "display_name") -> str | None:
+    """`kb_id` for rendering: the identifier `to` of the KB that `kb` names, or `kb` itself where `kb_id` refuses.
+
+    A step's KB that the server cannot map (a trajectory from another KB set, a KB renamed since, a name that is
+    another KB's display name) is shown as the trajectory names it, so rendering an old trajectory never fails.
+
+    Args:
+        kb: a KB name or display name; None (a step that did not search) stays None.
+        kbs: the KBs being served (e.g. `kbs.values()`).
+        to: `"name"` or `"display_name"`.
+    """
+    if kb is None:
+        return None
+    try:
+        return kb_id(kb, kbs, to)
+    except ValueError:
+        return kb
+
+
+def reasoning_of(traj: Trajectory, kbs: Iterable[NamedKB]) -> str:
+    """The whole reasoning text of a finished trajectory, as the stream sends it step by step (KBs by display name)."""
+    kbs = list(kbs)
     out = []
     for s in traj.steps:
-        out.append(
-            plan_line(s.index, s.think, s.sub_question, kb_display.get(s.kb or "", s.kb), list(s.format_errors))
-        )
+        kb = kb_label(s.kb, kbs)
+        out.append(plan_line(s.index, s.think, s.sub_question, kb, list(s.format_errors)))
         if s.sub_question is not None:
-            out.append(evidence_line(kb_display.get(s.kb or "", s.kb or ""), [hit_card(h, None) for h in s.hits]))
+            out.append(evidence_line(kb or "", [hit_card(h, None) for h in s.hits]))
             out.append(f"Answer {s.index + 1}: {s.answer}")
     return "\n".join(out)
 

@@ -1,5 +1,8 @@
 """Chat-completion payloads of the agent (`kbrouter serve-agent`): the whole response of a finished trajectory, and
 the server-sent chunks of a running one (schema: `agent.agent_server`'s docstring).
+
+A step's `kb` is the KB's display name and `kb_name` its name, both through `agent.chat.kb_label` (that is,
+`agent.step_records.kb_id`); a KB the server does not know is shown as the trajectory names it.
 """
 
 from __future__ import annotations
@@ -9,7 +12,7 @@ import json
 import logging
 from collections.abc import AsyncIterator
 
-from agent.chat import evidence_line, hit_card, plan_line, public_trajectory, reasoning_of
+from agent.chat import evidence_line, hit_card, kb_label, plan_line, public_trajectory, reasoning_of
 from agent.kbs import KnowledgeBase
 from agent.types import Trajectory
 from retrievers.security import MediaRoots, error_payload
@@ -19,13 +22,13 @@ logger = logging.getLogger(__name__)
 
 def step_cards(traj: Trajectory, media: MediaRoots, kbs: dict[str, KnowledgeBase]) -> list[dict]:
     """Each step of a trajectory with its hits as cards (the `steps` of the extension field)."""
-    display = {kb.name: d for d, kb in kbs.items()}
+    known = list(kbs.values())
     return [
         {
             "index": s.index,
             "think": s.think,
             "sub_question": s.sub_question,
-            "kb": display.get(s.kb or "", s.kb),
+            "kb": kb_label(s.kb, known),
             "kb_name": s.kb,
             "answer": s.answer,
             "format_errors": list(s.format_errors),
@@ -41,10 +44,12 @@ def usage(traj: Trajectory) -> dict:
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
 
-def completion(cid: str, created: int, model: str, traj: Trajectory, media: MediaRoots, kbs: dict) -> dict:
+def completion(
+    cid: str, created: int, model: str, traj: Trajectory, media: MediaRoots, kbs: dict[str, KnowledgeBase]
+) -> dict:
     """The `chat.completion` of a finished trajectory: the answer, the reasoning text and the extension field."""
-    display = {kb.name: d for d, kb in kbs.items()}
-    message = {"role": "assistant", "content": traj.final_answer, "reasoning_content": reasoning_of(traj, display)}
+    reasoning = reasoning_of(traj, kbs.values())
+    message = {"role": "assistant", "content": traj.final_answer, "reasoning_content": reasoning}
     return {
         "id": cid,
         "object": "chat.completion",
@@ -95,13 +100,14 @@ async def stream_chunks(  # noqa: ANN201
             event, p = get.result()
             if event == "plan":
                 kb = p.get("kb")
-                ext = {"event": "plan", **p, "kb_name": kbs[kb].name if kb in kbs else None}
+                ext = {"event": "plan", **p, "kb_name": kb_label(kb, kbs.values(), "name")}
                 text = plan_line(p["step"], p.get("think"), p.get("sub_question"), kb, p.get("errors", []))
                 yield chunk({"reasoning_content": text + "\n"}, ext)
             elif event == "evidence":
                 cards = [hit_card(h, media) for h in p["hits"]]
-                ext = {"event": "evidence", "step": p["step"], "kb": p["kb"], "hits": cards}
-                ext["kb_name"] = cards[0]["kb"] if cards else None
+                # from the plan, not from the first card: a search that found nothing still names its KB
+                kb_name = kb_label(p["kb"], kbs.values(), "name")
+                ext = {"event": "evidence", "step": p["step"], "kb": p["kb"], "kb_name": kb_name, "hits": cards}
                 yield chunk({"reasoning_content": evidence_line(p["kb"], cards) + "\n"}, ext)
             elif event == "answer":
                 ext = {"event": "answer", **p}

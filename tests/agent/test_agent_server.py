@@ -42,6 +42,7 @@ def test_models_lists_the_setups_with_their_kbs(served):
     assert [m.id for m in models] == ["kbrouter-demo", "kbrouter-vision"]
     info = models[0].model_extra["kbrouter"]
     assert [kb["display_name"] for kb in info["kbs"]] == ["Text KB", "Table KB", "Image KB", "Clip KB"]
+    assert [kb["name"] for kb in info["kbs"]] == ["text", "table", "image", "clip"]
     assert info["vision"] is False and models[1].model_extra["kbrouter"]["vision"] is True
 
 
@@ -131,6 +132,20 @@ def test_a_clip_card_links_the_video_with_its_time_span(served):
     card = r.model_extra["kbrouter"]["steps"][0]["hits"][0]
     assert card["media"]["kind"] == "video" and (card["media"]["start"], card["media"]["end"]) == (12.5, 20.0)
     assert httpx.get(url + card["media"]["url"], headers={"range": "bytes=0-7"}, timeout=10).status_code == 206
+
+
+@pytest.mark.parametrize("kbs", [["text"], ["Text KB"], ["text kb", "text"]])  # a name, a display name, both
+def test_a_request_narrows_its_kbs_by_name_or_display_name(served, kbs):
+    url, setups, *_ = served
+    r = client(url).chat.completions.create(
+        model="kbrouter-demo",
+        messages=[{"role": "user", "content": "Which nation tops the medal table?"}],  # Table KB, unless narrowed
+        extra_body={"kbrouter": {"kbs": kbs}},
+    )
+    step = r.model_extra["kbrouter"]["steps"][0]
+    assert (step["kb"], step["kb_name"]) == ("Text KB", "text")
+    assert "Knowledge base: Text KB" in r.choices[0].message.model_extra["reasoning_content"]
+    assert setups[0].kbs["Table KB"].retriever.queries == []  # the KB left out was not searched
 
 
 @pytest.mark.parametrize(

@@ -1,10 +1,21 @@
-"""Chat turns into agent questions, hits into cards, trajectories without server paths (agent/chat.py)."""
+"""Chat turns into agent questions, hits into cards, trajectories without server paths, KBs shown by display name
+(agent/chat.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from agent.chat import Turn, hit_card, latest_images, public_trajectory, question_text, table_rows
+from agent.chat import (
+    Turn,
+    hit_card,
+    kb_label,
+    latest_images,
+    public_trajectory,
+    question_text,
+    reasoning_of,
+    table_rows,
+)
+from agent.kbs import KnowledgeBase
 from agent.types import Step, Trajectory
 from retrievers.security import MediaRoots
 from retrievers.types import Doc, Hit, Media
@@ -74,3 +85,63 @@ def test_public_trajectory_has_no_server_paths(tmp_path):
     assert str(tmp_path) not in str(d) and d["images"] == ["upload:upload.png"]
     back = Trajectory.from_dict(d)
     assert back.steps[0].hits[0].doc.media.path.startswith("/media/0/p.png")
+
+
+# display names unlike their names in more than case, so a name rendered where a display name belongs shows
+KBS = [KnowledgeBase("wiki", "Encyclopedia", retriever=None), KnowledgeBase("tables", "Stats Tables", retriever=None)]
+
+
+@pytest.mark.parametrize(
+    "kb,to,expected",
+    [
+        ("wiki", "display_name", "Encyclopedia"),  # a step's KB name -> what the policy wrote
+        ("tables", "display_name", "Stats Tables"),
+        (
+            "stats tables",
+            "display_name",
+            "Stats Tables",
+        ),  # a display name as the parser reads it comes back configured
+        ("Stats Tables", "name", "tables"),  # a plan event's display name -> the KB name (kb_name)
+        ("gone", "display_name", "gone"),  # a KB this server does not serve (an old trajectory): shown as given
+        ("gone", "name", "gone"),
+        (None, "display_name", None),  # a step that did not search
+        (None, "name", None),
+    ],
+)
+def test_kb_label_maps_known_kbs_and_shows_unknown_ones_as_given(kb, to, expected):
+    assert kb_label(kb, KBS, to) == expected
+
+
+def test_kb_label_shows_an_ambiguous_kb_as_given():
+    # "wiki" is the first KB's name and the second's display name: kb_id refuses it, rendering must not fail
+    kbs = [KnowledgeBase("wiki", "Encyclopedia", retriever=None), KnowledgeBase("w2", "Wiki", retriever=None)]
+    assert kb_label("wiki", kbs) == "wiki"
+
+
+def test_reasoning_names_each_step_s_kb_by_display_name():
+    hit = Hit(Doc("d1", "Norway won ten golds.", "Medals"), 0.5, 0, "tables")
+    traj = Trajectory(
+        "q",
+        "Who won?",
+        steps=(
+            Step(0, "look it up", "Who won the most golds?", "tables", (hit,), answer="Norway"),
+            Step(1, "once more", "Where is Norway?", "atlas", (), answer="Europe"),  # a KB no longer served
+            Step(2, "enough"),  # the stop
+        ),
+        final_answer="Norway",
+    )
+    lines = reasoning_of(traj, iter(KBS)).splitlines()  # any iterable of KBs, read once
+    assert lines == [
+        "Step 1. Thought: look it up",
+        "Sub-question: Who won the most golds?",
+        "Knowledge base: Stats Tables",
+        "Evidence from Stats Tables: 1 hits; best 'Medals' (score 0.50): Norway won ten golds.",
+        "Answer 1: Norway",
+        "Step 2. Thought: once more",
+        "Sub-question: Where is Norway?",
+        "Knowledge base: atlas",
+        "Evidence from atlas: nothing found.",
+        "Answer 2: Europe",
+        "Step 3. Thought: enough",
+        "Enough is known to answer.",
+    ]
