@@ -213,8 +213,10 @@ def main() -> None:
     results = {name: evaluate(path, kept, all_records, funcs, weights, recipe) for name, path in models.items()}
     eval_s = time.perf_counter() - t0
 
-    print(f"budget: {args.budget_s:.0f} CPU s of training per method (process time, 1 thread; 2 shared cores), from "
-          f"{args.sft}; scoring took {eval_s:.0f} s")  # fmt: skip
+    import torch
+
+    print(f"budget: {args.budget_s:.0f} CPU s of training per method (process time, {torch.get_num_threads()} torch "
+          f"threads, {os.cpu_count()} CPUs), from {args.sft}; scoring took {eval_s:.0f} s")  # fmt: skip
     for name, f in figs.items():
         print(f"{name:8s} " + ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in f.items()))
     n = {t: sum(r.step_type == t for r in kept) for t in ("plan", "final")}
