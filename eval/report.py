@@ -14,6 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from agent.types import Trajectory
+from eval.cache import cache_key
 from eval.config import EvalConfig
 from eval.datasets import LoadedDataset
 from eval.methods import AGENT_METHODS, ROUTING_METHODS
@@ -117,8 +118,6 @@ def write_report(
     computed: int = 0,
 ) -> dict:
     """Score every (dataset, method, question), aggregate, and write the report files; returns the results."""
-    from eval.runner import cache_key
-
     variants = cfg.variants()
     routing_methods = [m for m in methods if m in ROUTING_METHODS or m in variants]
     per_ds: dict[str, dict[str, dict]] = {}

@@ -29,11 +29,12 @@ from pathlib import Path
 from agent.backends.base import Policy
 from agent.kbs import KnowledgeBase
 from agent.types import Question, Trajectory
+from eval.cache import cache_key, read_cache
 from eval.config import EvalConfig
 from eval.datasets import LoadedDataset, load_dataset
 from eval.methods import MethodContext, MethodFn, available_methods, resolve_methods
 from eval.scoring import GOLD_COLUMNS
-from retrievers.jsonl import JsonlWriter, read_jsonl, repair
+from retrievers.jsonl import JsonlWriter
 
 logger = logging.getLogger(__name__)
 
@@ -68,20 +69,6 @@ def run_order(cfg: EvalConfig, methods: Sequence[str]) -> list[list[str]]:
     for m in methods:
         groups.setdefault(cfg.policy_key(m), []).append(m)
     return list(groups.values())
-
-
-def cache_key(dataset: str, method: str, qid: str) -> str:
-    return f"{dataset}\t{method}\t{qid}"
-
-
-def read_cache(path: Path, repair_tail: bool = True) -> dict[str, dict]:
-    """Cached records by key; a later record of the same key wins. A torn last line is skipped (and, with
-    `repair_tail`, cut from the file so the next append starts on a fresh line; `--report_only` leaves it)."""
-    if not path.exists():
-        return {}
-    if repair_tail:
-        repair(path)
-    return {cache_key(r["dataset"], r["method"], r["qid"]): r for r in read_jsonl(path, log=True)}
 
 
 def row_digest(q: Question) -> str:

@@ -112,8 +112,7 @@ def test_import_cycles_are_found_through_lazy_imports():
     assert import_cycles({"p.a": {"p.b"}, "p.b": set()}) == []
 
 
-# eval.report <-> eval.runner is the one cycle left (issue 12); list eval here once it is gone
-@pytest.mark.parametrize("package", ["retrievers", "agent", "data_synthesis", "training", "ingest"])
+@pytest.mark.parametrize("package", ["retrievers", "agent", "data_synthesis", "eval", "training", "ingest"])
 def test_package_has_no_import_cycle(package: str):
     cycles = import_cycles(module_edges(package))
     assert not cycles, f"{package}: modules that import each other (lazy imports included): {cycles}"
