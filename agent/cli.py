@@ -18,6 +18,7 @@ from pathlib import Path
 
 from agent.backends.factory import PolicyConfig
 from agent.loop import AgentConfig
+from retrievers.jsonl import append_jsonl
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_KB = REPO / "configs" / "kb" / "demo.yaml"
@@ -58,8 +59,7 @@ def mark(phase: str, **extra: object) -> None:
         **extra,
     }
     try:
-        with open(path, "a") as f:
-            f.write(json.dumps(line) + "\n")
+        append_jsonl(path, [line], fsync=False)
     except OSError as e:
         raise ValueError(
             f"{TIMINGS_ENV}={path!r}: cannot append timings there ({e}); point it at a writable file or unset it"

@@ -19,6 +19,7 @@ from eval.config import EvalConfig
 from eval.datasets import LoadedDataset
 from eval.methods import AGENT_METHODS, ROUTING_METHODS
 from eval.scoring import macro_average, mean_scores, score_prediction, step_numbers
+from retrievers.jsonl import dumps_line
 
 logger = logging.getLogger(__name__)
 
@@ -197,10 +198,7 @@ def write_report(
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     _write_text(out_dir / "results.json", json.dumps(results, indent=2, sort_keys=True, default=str) + "\n")
-    _write_text(
-        out_dir / "predictions.jsonl",
-        "".join(json.dumps(p, ensure_ascii=False, sort_keys=True) + "\n" for p in predictions),
-    )
+    _write_text(out_dir / "predictions.jsonl", "".join(dumps_line(p, sort_keys=True) for p in predictions))
     plots = write_plots(results, groups, out_dir, cfg.plot_method)
     _write_text(out_dir / "report.md", render_markdown(results, loaded, groups, plots))
     logger.info("report written to %s (%d predictions computed this run)", out_dir / "report.md", computed)

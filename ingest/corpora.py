@@ -15,13 +15,13 @@ index of every KB whose records did not change.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import yaml
 
 from ingest.units import Parsed
+from retrievers.jsonl import dumps_line
 
 YAML_MARK = "# Written by kbrouter ingest"
 KB_KINDS = {  # KB name -> (corpus file, kind, granularity, display name the router knows, k)
@@ -150,7 +150,7 @@ def write_corpora(parses: list[Parsed], corpus_dir: Path, table_rows: int = 25) 
                     }
                     for v in lines
                 ]
-            write_if_changed(path, "".join(json.dumps(x, ensure_ascii=False) + "\n" for x in lines))
+            write_if_changed(path, "".join(map(dumps_line, lines)))
         counts[name] = len(lines)
     return counts
 

@@ -28,9 +28,9 @@ logger = logging.getLogger(__name__)
 _TAIL_BLOCK = 8192  # bytes read per step backwards from the end when looking for the last newline
 
 
-def dumps_line(record: dict) -> str:
+def dumps_line(record: dict, *, sort_keys: bool = False) -> str:
     """One JSONL line of a record: UTF-8 text with non-ASCII kept, ending in a newline."""
-    return json.dumps(record, ensure_ascii=False) + "\n"
+    return json.dumps(record, ensure_ascii=False, sort_keys=sort_keys) + "\n"
 
 
 def iter_jsonl_objects(path: str | Path, *, log: bool = False, end: int | None = None) -> Iterator[tuple[int, dict]]:
