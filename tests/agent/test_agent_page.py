@@ -124,7 +124,8 @@ def test_an_image_question_shows_an_image_evidence_card(browser, tmp_path):
         assert [b.text for b in browser.find_elements(By.CSS_SELECTOR, ".kb-badge")] == ["Image KB"]
         assert wait_for(browser, ".user img")  # the question image is in the chat
         retriever = setups[1].kbs["Image KB"].retriever
-        assert retriever.queries[-1].image is not None, "the uploaded image went to the search as the query image"
+        sent = retriever.queries[-1].image  # the uploaded image went to the search as the query image, byte for byte
+        assert sent is not None and Path(sent).read_bytes() == question_image.read_bytes()
         screenshot(browser, tmp_path, "agent_page_image.png")
 
 

@@ -42,6 +42,10 @@ def test_smollm2_over_the_demo_kb_streams_real_steps(smollm2_dir):
     # it searched in its only step, so it stopped on the step budget (or its final answer broke the format)
     assert traj.stop_reason in ("max_steps", "format_error") and traj.steps[0].sub_question is not None, traj
     hits = searched[0]["hits"]
-    assert hits and all(h["kb"] in {"text", "table"} and isinstance(h["score"], float) for h in hits)
+    assert hits and all(h["kb"] in {"text", "table"} for h in hits)  # cards name the KB, not its display name
+    assert [h["rank"] for h in hits] == list(range(len(hits)))  # the cards in rank order, best score first
+    assert all(a["score"] >= b["score"] for a, b in zip(hits, hits[1:], strict=False))
+    display = {"text": "Text Retriever", "table": "Table Retriever"}[hits[0]["kb"]]
+    assert (searched[0]["kb"], searched[0]["kb_name"]) == (display, hits[0]["kb"])  # the event names its KB both ways
     content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert content == traj.final_answer

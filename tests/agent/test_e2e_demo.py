@@ -18,7 +18,7 @@ def test_run_smollm2_over_demo_kb_writes_valid_trajectories(tmp_path, smollm2_di
     trajs = [Trajectory.from_dict(json.loads(line)) for line in lines]
     asked = [json.loads(line)["id"] for line in Path(DEMO_QUESTIONS).read_text().splitlines()[:7]]
     assert [t.id for t in trajs] == asked
-    hits = []
+    hits, ranked = [], []
     for t in trajs:
         # one step allowed: a trajectory that searched ran out of steps, one whose plan said `None` answered; the
         # final answer may still fail its format; a backend error is never expected here
@@ -33,11 +33,14 @@ def test_run_smollm2_over_demo_kb_writes_valid_trajectories(tmp_path, smollm2_di
                 assert s.kb in {"text", "table"}
                 assert s.hits, "a retrieval step has evidence"
                 hits.extend(s.hits)
+                ranked.append(s.hits)
     # base SmolLM2, constrained, must search once (the CLI's min_steps 1): hits are real, scored and attributed
     assert hits, "no trajectory retrieved anything"
     for h in hits:
-        assert h.kb == h.doc.kb and h.kb in {"text", "table"}
-        assert isinstance(h.score, float)
+        assert h.kb == h.doc.kb and h.kb in {"text", "table"}  # KB names, not the display names the policy wrote
+    for step_hits in ranked:  # each step's hits in rank order, best score first, as the trajectory file keeps them
+        assert [h.rank for h in step_hits] == list(range(len(step_hits)))
+        assert all(a.score >= b.score for a, b in zip(step_hits, step_hits[1:], strict=False))
     # re-running skips finished ids: nothing new is written
     assert run_main(common) == 0
     assert len(out.read_text().splitlines()) == 7

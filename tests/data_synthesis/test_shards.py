@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import ast
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +18,8 @@ from data_synthesis.job import run_synthesis, shard_of
 from data_synthesis.merge import merge_shards
 from tests.data_synthesis.test_crash import _questions, _strip
 from tests.fakes import case_teacher, teacher_kbs
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _cfg(tmp: Path, out: str, **kw) -> SynthConfig:
@@ -27,8 +33,19 @@ def _records(folder: Path) -> dict[str, list]:
 
 
 def test_shard_of_is_stable_and_balanced():
-    # a fixed value guards against a hash that changes between Python runs (PYTHONHASHSEED) or versions
-    assert shard_of("hotpotqa-dev-5a85ea095542994775f606a8", 8) == shard_of("hotpotqa-dev-5a85ea095542994775f606a8", 8)
+    # the same shards in another Python run (a salted `hash()` would differ under another PYTHONHASHSEED) ...
+    ids = [f"hotpotqa-dev-{i}" for i in range(40)]
+    here = [shard_of(i, 8) for i in ids]
+    code = f"from data_synthesis.job import shard_of; print([shard_of(i, 8) for i in {ids!r}])"
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True, cwd=REPO
+        )
+        assert ast.literal_eval(out.stdout) == here
+    # ... and in another version, so shard folders written before still hold the same questions: the first 12 hex
+    # digits of the id's SHA-1 mod 8 (`printf %s ID | sha1sum`)
+    assert shard_of("hotpotqa-dev-5a85ea095542994775f606a8", 8) == 3
     counts = [0] * 4
     for i in range(400):
         counts[shard_of(f"q{i}", 4)] += 1

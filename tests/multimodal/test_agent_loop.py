@@ -95,9 +95,12 @@ def test_loop_with_the_real_tiny_vlm(tiny_vl_policy, media_kbs):
     question = Question("coco-358083", "What animal is looking into the mirror?", images=(str(CAT),), answers=("cat",))
     traj = StepAgent(policy, media_kbs, CONFIG).run_batch([question])[0]
     assert traj.images == (str(CAT),)
-    assert traj.stop_reason in ("answered", "max_steps", "format_error")
+    # 8 plan tokens cannot hold a whole plan (the tags alone are longer), so whatever the random weights write, the
+    # first plan is malformed and, with no retries, ends the search; the final step still answers
+    assert traj.stop_reason == "format_error"
+    assert len(traj.steps) == 1 and traj.steps[0].sub_question is None and traj.steps[0].format_errors
     assert traj.final_raw  # the final step ran and its raw output is kept
-    assert len(policy.calls) >= 2  # at least one plan and the final step
+    assert len(policy.calls) == 2  # one plan, then the final step
     for conv, completion in policy.calls:
         assert images_sent(conv) == [str(CAT)]  # the question image, by path, in every step
         assert completion.metadata["images"] == 1  # ...and its pixels reached the model

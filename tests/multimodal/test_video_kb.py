@@ -65,7 +65,7 @@ def test_clip_kb_build_reports_and_goes_on(kb_config, corpus):
     assert leaf and deer and leaf[0].id != deer[0].id
     hit = kb.search(["a deer looks up from the grass"], k=1)[0][0]
     assert hit.doc.id == deer[0].id and hit.doc.modality == "video"
-    assert hit.doc.media.start is not None and hit.doc.media.end is not None
+    assert hit.doc.media.start < 11.0 and hit.doc.media.end > 8.0  # the hit's span holds (part of) the deer line
 
 
 def test_video_kb_whole_videos(kb_config, corpus):
