@@ -5,26 +5,47 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+from agent.qa_formats import Source, read_rows
 from agent.types import Question, Trajectory
-from retrievers.jsonl import JsonlWriter, iter_jsonl_objects, read_jsonl, repair, write_jsonl_atomic
+from retrievers.jsonl import JsonlWriter, read_jsonl, repair, write_jsonl_atomic
 
 
 def read_questions(path: str | Path) -> list[Question]:
-    """Read a question file: JSONL with `id`, `question`, optional `image`/`images` and `answers`.
+    """Read a question file: JSONL with `id`, `question`, optional `image`/`images` and `answers` (or
+    `golden_answers`), in `agent.qa_formats`' generic format.
 
-    Other columns are kept as metadata. A broken line, a missing field or an empty question stops with a message
-    naming the file and line.
+    Other columns are kept as metadata. `kbrouter run`'s contract: a broken line, a missing field, an empty question,
+    a missing image or a duplicate id stops with a message naming the file and line (nothing is skipped).
     """
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"question file {path} does not exist")
     out, seen = [], set()
-    for n, row in iter_jsonl_objects(path):
-        out.append(question_from_row(row, where=f"{path}:{n}"))
-        if out[-1].id in seen:
-            raise ValueError(f"{path}:{n}: duplicate id {out[-1].id!r}; ids must be unique")
-        seen.add(out[-1].id)
+    for row in read_rows("generic", Source(str(path), id_scheme="column", golds="as_written")):
+        where = f"{path}:{row.line}"
+        if not isinstance(row.question, str) or not row.question.strip():
+            raise ValueError(f"{where}: empty question for id {row.id!r}")
+        for img in row.images:
+            if not Path(img).exists():
+                raise FileNotFoundError(f"{where}: image {img!r} of question {row.id!r} does not exist")
+        if row.id in seen:
+            raise ValueError(f"{where}: duplicate id {row.id!r}; ids must be unique")
+        seen.add(row.id)
+        given = row.fields.get("answers", row.fields.get("golden_answers"))  # None: no gold answers (not scored)
+        out.append(
+            Question(
+                id=row.id,
+                question=row.question.strip(),
+                images=row.images,
+                answers=None if given is None else tuple(row.golds),
+                metadata={k: v for k, v in row.fields.items() if k not in QUESTION_COLUMNS},
+            )
+        )
     return out
+
+
+# the columns of a question row that become the `Question`'s fields (the others become its metadata)
+QUESTION_COLUMNS = frozenset({"id", "question", "image", "images", "answers", "golden_answers"})
 
 
 def question_from_row(row: dict, where: str = "question") -> Question:

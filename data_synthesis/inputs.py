@@ -1,8 +1,9 @@
 """Synthesis inputs: the QA files of a `SynthConfig`, read through `agent.qa_formats`, as `agent.types.Question`s.
 
 The formats (`generic`, `shared_text`, `r1router`, `tabfact`, `wtq`, `coco`, `video`, `r1router_steps`), their
-columns and the row checks (`no_gold`, `empty_question`, `duplicate_id`, `missing_image`) live in `agent.qa_formats`,
-which eval reads the same datasets with. This module keeps what is synthesis's own: the `InputSpec`, held-out
+columns, ids (`ID_SCHEMES`; synthesis keeps each format's default) and golds (`GOLD_RULES`; synthesis's `clean`) and
+the row checks (`no_gold`, `empty_question`, `duplicate_id`, `missing_image`) live in `agent.qa_formats`, which eval
+and `kbrouter run` read their question files with. This module keeps what is synthesis's own: the `InputSpec`, held-out
 exclusion, sampling and the question metadata.
 
 Held-out rows (`exclude_split`): a row is left out when its id, its `table_id` or its `image_id` is listed in the

@@ -5,6 +5,12 @@ reader synthesis uses (`SHARED_FORMATS` names each one's format), so both ask th
 gold answers; rows it cannot ask (no gold answer, an empty question, a duplicate id, a missing photo) are left out and
 counted by reason (`LoadedDataset.skips`). What eval adds is its own: the gold KB and evidence, splits and subsets.
 
+The other loaders read through `agent.qa_formats` too, with the ids and golds eval has always had, named there:
+the paper's sets (`r1_*`) in its `r1router` format with an id scheme and gold rule each (`PAPER_IDS`: `2wiki-1` by
+line, `r1tabfact-0` by index, InfoSeek's `data_id`, `dynvqa-<question_id>`; answers as written, WebQA's unquoted),
+`docs_qa` in its `docs` format, and the generic `jsonl` loader in its `generic` format (ids: the `id` column, else
+`<name>-<line>`). These leave no row out: every row is asked, as before (cached predictions are keyed by id).
+
 Every loader reads JSONL line by line (a malformed line raises naming the file and line) and returns rows with
 `id`, `question`, `answers` (gold strings; InfoSeek numeric ranges expanded as the paper does), `images`,
 `gold_kb` (KB name holding the evidence, "" when unknown), `gold_evidence` (doc ids: paragraph ids, table ids,
@@ -25,14 +31,12 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
-from agent.metrics import expand_infoseek_golds
 from agent.qa_formats import Row, Skip, Source, check_rows, count_skips, read_rows
 from agent.types import Question
-from retrievers.jsonl import iter_jsonl_objects
 
 logger = logging.getLogger(__name__)
 
@@ -98,18 +102,6 @@ class LoadedDataset:
     skips: dict[str, int] = field(default_factory=dict)  # rows of the file left out, by reason (agent.qa_formats)
 
 
-def read_jsonl_rows(path: str | Path) -> Iterator[tuple[int, dict]]:
-    """`(line_number, row)` of a JSONL file; a malformed line raises `ValueError` naming the file and line.
-
-    Python's parser is used (not Arrow's) because the paper's Dyn-VQA file holds a bare `NaN` that strict parsers
-    reject.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"dataset file {str(path)!r} does not exist")
-    yield from iter_jsonl_objects(path)
-
-
 def _row(
     id_: str,
     question: str,
@@ -138,26 +130,37 @@ def _row(
 # A loader: the rows of a dataset's file, and the rows it left out (only the shared formats leave rows out)
 Loader = Callable[["DatasetSpec", Path], tuple[list[dict], list[Skip]]]
 
+# paper loader -> the id scheme and prefix of its ids, and its gold rule (`agent.qa_formats`); eval's ids since the
+# first paper runs, kept so cached predictions stay valid
+PAPER_IDS: dict[str, tuple[str, str, str]] = {
+    "r1_2wiki": ("line", "2wiki", "as_written"),  # 2wiki-1, from the file's line 1
+    "r1_openwikitable": ("line", "owt", "as_written"),
+    "r1_tabfact": ("index", "r1tabfact", "as_written"),  # r1tabfact-0, from the first row
+    "r1_infoseek": ("column", "", "as_written"),  # data_id
+    "r1_dynvqa": ("prefixed_column", "dynvqa", "as_written"),  # dynvqa-<question_id>
+    "r1_webqa": ("line", "webqa", "unquoted"),  # WebQA's answers are quoted sentences
+}
 
-def _r1_text(prefix: str) -> Loader:
-    def load(spec: DatasetSpec, path: Path) -> tuple[list[dict], list[Skip]]:
-        return [_row(f"{prefix}-{n}", r["question"], [r["answer"]]) for n, r in read_jsonl_rows(path)], []
 
-    return load
+def _paper_rows(loader: str, path: Path) -> list[Row]:
+    scheme, prefix, gold_rule = PAPER_IDS[loader]
+    return read_rows("r1router", Source(str(path), id_scheme=scheme, id_prefix=prefix, golds=gold_rule))
+
+
+def _r1_text(spec: DatasetSpec, path: Path) -> tuple[list[dict], list[Skip]]:
+    return [_row(r.id, r.question, r.golds) for r in _paper_rows(spec.loader, path)], []
 
 
 def _r1_tabfact(spec: DatasetSpec, path: Path) -> tuple[list[dict], list[Skip]]:
     join = path.parent.parent / "table" / "tabfact" / "r1router_tabfact_val_to_table.jsonl"
-    tables = {r["r1_router_line"]: r["table_id"] for _, r in read_jsonl_rows(join)} if join.is_file() else {}
+    tables = (
+        {r.fields["r1_router_line"]: r.fields["table_id"] for r in read_rows("tabfact", Source(str(join)))}
+        if join.is_file()
+        else {}
+    )
     rows = [
-        _row(
-            f"r1tabfact-{i}",
-            r["question"],
-            [r["answer"]],
-            gold_kb="tabfact",
-            gold_evidence=[tables[i]] if i in tables else [],
-        )
-        for i, (_, r) in enumerate(read_jsonl_rows(path))
+        _row(r.id, r.question, r.golds, gold_kb="tabfact", gold_evidence=[tables[i]] if i in tables else [])
+        for i, r in enumerate(_paper_rows(spec.loader, path))
     ]
     return rows, []
 
@@ -172,44 +175,16 @@ def _image_paths(spec: DatasetSpec, image_id: object) -> list[str]:
     return [f"<missing:{image_id}>"]
 
 
-def _r1_infoseek(spec: DatasetSpec, path: Path) -> tuple[list[dict], list[Skip]]:
+def _r1_visual(spec: DatasetSpec, path: Path) -> tuple[list[dict], list[Skip]]:
     rows = [
         _row(
-            r["data_id"],
-            r["question"],
-            expand_infoseek_golds(r["answer_eval"]),
-            images=_image_paths(spec, r["image_id"]),
-            image_id=r["image_id"],
+            r.id,
+            r.question,
+            r.golds,
+            images=_image_paths(spec, r.fields["image_id"]),
+            image_id=r.fields["image_id"],
         )
-        for _, r in read_jsonl_rows(path)
-    ]
-    return rows, []
-
-
-def _r1_dynvqa(spec: DatasetSpec, path: Path) -> tuple[list[dict], list[Skip]]:
-    rows = [
-        _row(
-            f"dynvqa-{r['question_id']}",
-            r["question"],
-            r["answer"],
-            images=_image_paths(spec, r["image_id"]),
-            image_id=r["image_id"],
-        )
-        for _, r in read_jsonl_rows(path)
-    ]
-    return rows, []
-
-
-def _r1_webqa(spec: DatasetSpec, path: Path) -> tuple[list[dict], list[Skip]]:
-    rows = [
-        _row(
-            f"webqa-{n}",
-            r["question"],
-            [a.strip('"') for a in r["answer"]],
-            images=_image_paths(spec, r["image_id"]),
-            image_id=r["image_id"],
-        )
-        for n, r in read_jsonl_rows(path)
+        for r in _paper_rows(spec.loader, path)
     ]
     return rows, []
 
@@ -293,25 +268,22 @@ DOCS_EVIDENCE_KB = {"text": "text", "table": "table", "figure": "image"}
 
 
 def _docs_qa(spec: DatasetSpec, path: Path) -> tuple[list[dict], list[Skip]]:
-    """Questions over ingested documents (`shared/data/docs/qa.jsonl` style): `{qid, file, question, answers, page,
-    evidence_type, evidence}`. The gold KB is the evidence type's; the gold evidence is the page (`file#p4`, or the
-    file when it has no pages), which every record of `kbrouter ingest` names in its `source_id`."""
+    """Questions over ingested documents (`shared/data/docs/qa.jsonl` style, `agent.qa_formats`' `docs` format).
+    The gold KB is the evidence type's; the gold evidence is the page (`file#p4`, or the file when it has no pages),
+    which every record of `kbrouter ingest` names in its `source_id`."""
     rows = []
-    for n, r in read_jsonl_rows(path):
-        kind = r.get("evidence_type")
-        if kind not in DOCS_EVIDENCE_KB:
-            raise ValueError(f"{path}:{n}: `evidence_type` must be one of {sorted(DOCS_EVIDENCE_KB)}, got {kind!r}")
-        page = r.get("page")
-        gold = f"{r['file']}#p{page}" if page is not None else r["file"]
+    for r in read_rows("docs", Source(str(path), id_scheme="column", golds="as_written")):
+        kind, page = r.fields["evidence_type"], r.fields.get("page")
+        gold = f"{r.fields['file']}#p{page}" if page is not None else r.fields["file"]
         rows.append(
             _row(
-                r["qid"],
-                r["question"],
-                r["answers"],
+                r.id,
+                r.question,
+                r.golds,
                 gold_kb=DOCS_EVIDENCE_KB[kind],
                 gold_evidence=[gold],
                 evidence_type=kind,
-                file=r["file"],
+                file=r.fields["file"],
                 page=page,
             )
         )
@@ -322,39 +294,32 @@ COLUMN_KEYS = ("id", "question", "answers", "images", "gold_kb", "gold_evidence"
 
 
 def _jsonl(spec: DatasetSpec, path: Path) -> tuple[list[dict], list[Skip]]:
-    cols = {
-        "id": "id",
-        "question": "question",
-        "answers": "answers",
-        "images": "images",
-        "gold_kb": "gold_kb",
-        "gold_evidence": "gold_evidence",
-        **spec.columns,
-    }
+    """A question file in `agent.qa_formats`' generic format (ids: the `id` column, else `<name>-<line>`), plus
+    eval's own columns: the gold KB and evidence."""
+    cols = {key: key for key in COLUMN_KEYS} | spec.columns
+    # eval reads the `images` column only (not the generic format's `image` spelling too)
+    columns = {k: cols[k] for k in ("id", "question", "answers", "images")} | {"image": cols["images"]}
+    source = Source(str(path), columns=columns, id_scheme="column_or_line", id_prefix=spec.name, golds="as_written")
     rows = []
-    for n, r in read_jsonl_rows(path):
-        for key in ("question", "answers"):
-            if cols[key] not in r and not (key == "answers" and "golden_answers" in r):
-                raise ValueError(f"{path}:{n}: missing column {cols[key]!r} (for {key!r}); map it with `columns:`")
-        answers = r.get(cols["answers"], r.get("golden_answers"))
-        if isinstance(answers, (int, float)) and not isinstance(answers, bool):
-            answers = str(answers)  # one answer, e.g. `"answers": 5`
-        images = r.get(cols["images"]) or []
-        evidence = r.get(cols["gold_evidence"]) or []
-        for key, value in (("answers", answers), ("images", images), ("gold_evidence", evidence)):
-            if not isinstance(value, (str, list)) or (
-                isinstance(value, list) and any(isinstance(v, (dict, list)) for v in value)
-            ):
-                raise ValueError(
-                    f"{path}:{n}: column {cols[key]!r} ({key}) must be a string or a list of strings, got {value!r}"
-                )
+    for r in read_rows("generic", source):
+        if cols["answers"] not in r.fields and "golden_answers" not in r.fields:
+            raise ValueError(f"{path}:{r.line}: missing column {cols['answers']!r} (for 'answers'); map it with "
+                             "`columns:`")  # fmt: skip
+        evidence = r.fields.get(cols["gold_evidence"]) or []
+        if not isinstance(evidence, (str, list)) or (
+            isinstance(evidence, list) and any(isinstance(v, (dict, list)) for v in evidence)
+        ):
+            raise ValueError(
+                f"{path}:{r.line}: column {cols['gold_evidence']!r} (gold_evidence) must be a string or a list of "
+                f"strings, got {evidence!r}"
+            )
         rows.append(
             _row(
-                str(r.get(cols["id"], f"{spec.name}-{n}")),
-                r[cols["question"]],
-                [answers] if isinstance(answers, str) else list(answers),
-                images=[images] if isinstance(images, str) else images,
-                gold_kb=str(r.get(cols["gold_kb"]) or ""),
+                r.id,
+                r.question,
+                r.golds,
+                images=list(r.images),
+                gold_kb=str(r.fields.get(cols["gold_kb"]) or ""),
                 gold_evidence=[evidence] if isinstance(evidence, str) else evidence,
             )
         )
@@ -363,12 +328,12 @@ def _jsonl(spec: DatasetSpec, path: Path) -> tuple[list[dict], list[Skip]]:
 
 # loader name -> (loader, default file under shared_data, default group)
 LOADERS: dict[str, tuple[Loader, str, str]] = {
-    "r1_2wiki": (_r1_text("2wiki"), "r1router/2wikimultihopqa_val.jsonl", "text"),
-    "r1_openwikitable": (_r1_text("owt"), "r1router/openwikitqa_val.jsonl", "table"),
+    "r1_2wiki": (_r1_text, "r1router/2wikimultihopqa_val.jsonl", "text"),
+    "r1_openwikitable": (_r1_text, "r1router/openwikitqa_val.jsonl", "table"),
     "r1_tabfact": (_r1_tabfact, "r1router/tabfact_val.jsonl", "table"),
-    "r1_infoseek": (_r1_infoseek, "r1router/infoseek_val.jsonl", "image"),
-    "r1_dynvqa": (_r1_dynvqa, "r1router/DynVQA_en.202412.jsonl", "image"),
-    "r1_webqa": (_r1_webqa, "r1router/webqa_val.jsonl", "image"),
+    "r1_infoseek": (_r1_visual, "r1router/infoseek_val.jsonl", "image"),
+    "r1_dynvqa": (_r1_visual, "r1router/DynVQA_en.202412.jsonl", "image"),
+    "r1_webqa": (_r1_visual, "r1router/webqa_val.jsonl", "image"),
     "hotpotqa": (_shared_text("hotpotqa"), "text/questions.jsonl", "text"),
     "musique": (_shared_text("musique"), "text/questions.jsonl", "text"),
     "tabfact": (_tabfact, "table/tabfact/statements.jsonl", "table"),

@@ -107,7 +107,7 @@ def test_check_rows_shares_seen_ids_across_files(tmp_path):
 
 
 def test_bad_format_and_missing_file_name_the_culprit(tmp_path):
-    with pytest.raises(ValueError, match=r"unknown QA format 'hotpot'; valid: \['coco', 'generic'"):
+    with pytest.raises(ValueError, match=r"unknown QA format 'hotpot'; valid: \['coco', 'docs', 'generic'"):
         read_rows("hotpot", Source("q.jsonl"))
     with pytest.raises(FileNotFoundError, match="nope.jsonl does not exist"):
         read_rows("wtq", Source(str(tmp_path / "nope.jsonl")))

@@ -24,7 +24,7 @@ def test_read_questions_keeps_extra_columns(tmp_path):
     "lines,match",
     [
         (['{"id": 1, "question": "a"}', "{broken"], "q.jsonl:2: not valid JSON"),  # names the line
-        (['{"question": "a"}'], "missing field 'id'"),  # missing id
+        (['{"question": "a"}'], "q.jsonl:1: missing column 'id'"),  # missing id
         (['{"id": 1, "question": "   "}'], "empty question"),  # empty question
         (['{"id": 1, "question": "a"}', '{"id": 1, "question": "b"}'], "duplicate id"),  # duplicate ids
         (["[1, 2]"], "expected a JSON object"),  # wrong type

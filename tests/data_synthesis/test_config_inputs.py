@@ -164,5 +164,5 @@ def test_generic_parquet_with_column_mapping(tmp_path):
     questions, skips = read_inputs([spec])
     assert [(q.id, q.answers, q.metadata["dataset"]) for q in questions] == [("a", ("Shakespeare",), "qa")]
     assert [(s.id, s.reason) for s in skips] == [("b", "no_gold")]
-    with pytest.raises(ValueError, match="no column 'question'"):
+    with pytest.raises(ValueError, match=r"qa.parquet:1: missing column 'question'"):
         read_inputs([InputSpec(path=str(tmp_path / "qa.parquet"))])
