@@ -388,8 +388,7 @@ def iter_retgen(questions: Sequence[Question], ctx: MethodContext) -> list[Traje
 def _agent_trajectories(agent: StepAgent, questions: Sequence[Question]) -> list[Trajectory]:
     out = []
     for t in agent.run_batch(list(questions)):
-        searches = sum(1 for s in t.steps if s.kb is not None)
-        out.append(_with_meta(t, searches=searches))
+        out.append(_with_meta(t, searches=len(t.retrieval_steps)))
     return out
 
 

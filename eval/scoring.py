@@ -100,7 +100,7 @@ def evidence_recall(hits: Iterable[Hit], golds: Sequence[str]) -> float | None:
 
 def routing_accuracy(traj: Trajectory, gold_kb: str) -> float:
     """Fraction of the retrieval steps sent to the gold KB; 0 when the question was never looked up."""
-    kbs = [s.kb for s in traj.steps if s.kb is not None]
+    kbs = [s.kb for s in traj.retrieval_steps]
     return sum(kb == gold_kb for kb in kbs) / len(kbs) if kbs else 0.0
 
 
@@ -108,11 +108,12 @@ def output_validity(traj: Trajectory, step_protocol: bool) -> tuple[int, int]:
     """`(valid, generated)` tagged outputs of a trajectory (see the module docstring for what counts)."""
     outputs: list[bool] = []
     if step_protocol:
+        retrieved = {id(s) for s in traj.retrieval_steps}  # the one definition of a retrieval step (agent.types)
         for s in traj.steps:
-            if s.kb is None:
-                outputs.append(not s.format_errors)  # a plan that stopped (valid) or was malformed
-            else:
+            if id(s) in retrieved:
                 outputs += [True, not s.format_errors]  # it retrieved, so its plan parsed; then its answer
+            else:
+                outputs.append(not s.format_errors)  # a plan that stopped (valid) or was malformed
     if "route" in traj.metadata:  # the one-shot router's <ret> reply
         outputs.append(traj.metadata["route"] != "format_error")
     final_errors = list(traj.metadata.get("final_errors") or [])
@@ -124,9 +125,7 @@ def output_validity(traj: Trajectory, step_protocol: bool) -> tuple[int, int]:
 def route_counts(traj: Trajectory, gold_kb: str) -> dict[str, float]:
     """`count/routes[@step<i>]` and `count/routes_to_gold[@step<i>]` over the trajectory's retrieval steps."""
     out: dict[str, float] = {"count/routes": 0.0, "count/routes_to_gold": 0.0}
-    for s in traj.steps:
-        if s.kb is None:
-            continue
+    for s in traj.retrieval_steps:
         at = f"@step{s.index + 1}"
         for key in ("count/routes", f"count/routes{at}"):
             out[key] = out.get(key, 0.0) + 1
@@ -180,7 +179,7 @@ def score_prediction(
         scores.update(route_counts(traj, gold_kb))
     valid, generated = output_validity(traj, step_protocol)
     scores["count/valid_outputs"], scores["count/outputs"] = float(valid), float(generated)
-    scores["cost/steps"] = float(sum(1 for s in traj.steps if s.kb is not None))
+    scores["cost/steps"] = float(len(traj.retrieval_steps))
     scores["cost/searches"] = float(meta.get("searches", scores["cost/steps"]))
     scores["cost/gen_tokens"] = float(meta.get("completion_tokens", 0))
     scores["cost/latency_s"] = float(record.get("latency_s", 0.0))
