@@ -21,7 +21,7 @@ from agent.qa_formats import Source, golds, read_rows
 from agent.types import Question
 from data_synthesis.config import InputSpec
 from data_synthesis.inputs import read_inputs
-from eval.datasets import LOADERS, DatasetSpec, _row
+from eval.datasets import LOADERS, DatasetSpec, _image_paths, _row  # _image_paths: unchanged by the move
 from retrievers.jsonl import iter_jsonl_objects
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,27 +53,17 @@ def _old_r1_tabfact(spec: DatasetSpec, path: Path) -> list[dict]:
     ]  # fmt: skip
 
 
-def _old_image_paths(spec: DatasetSpec, image_id: object) -> list[str]:
-    if spec.text_only or not spec.image_root:
-        return [f"<missing:{image_id}>"]
-    for ext in (".jpg", ".JPEG", ".jpeg", ".png"):
-        p = Path(spec.image_root) / f"{image_id}{ext}"
-        if p.exists():
-            return [str(p)]
-    return [f"<missing:{image_id}>"]
-
-
 def _old_r1_infoseek(spec: DatasetSpec, path: Path) -> list[dict]:
     return [
         _row(r["data_id"], r["question"], expand_infoseek_golds(r["answer_eval"]),
-             images=_old_image_paths(spec, r["image_id"]), image_id=r["image_id"])
+             images=_image_paths(spec, r["image_id"]), image_id=r["image_id"])
         for _, r in _old_read_jsonl_rows(path)
     ]  # fmt: skip
 
 
 def _old_r1_dynvqa(spec: DatasetSpec, path: Path) -> list[dict]:
     return [
-        _row(f"dynvqa-{r['question_id']}", r["question"], r["answer"], images=_old_image_paths(spec, r["image_id"]),
+        _row(f"dynvqa-{r['question_id']}", r["question"], r["answer"], images=_image_paths(spec, r["image_id"]),
              image_id=r["image_id"])
         for _, r in _old_read_jsonl_rows(path)
     ]  # fmt: skip
@@ -82,7 +72,7 @@ def _old_r1_dynvqa(spec: DatasetSpec, path: Path) -> list[dict]:
 def _old_r1_webqa(spec: DatasetSpec, path: Path) -> list[dict]:
     return [
         _row(f"webqa-{n}", r["question"], [a.strip('"') for a in r["answer"]],
-             images=_old_image_paths(spec, r["image_id"]), image_id=r["image_id"])
+             images=_image_paths(spec, r["image_id"]), image_id=r["image_id"])
         for n, r in _old_read_jsonl_rows(path)
     ]  # fmt: skip
 
