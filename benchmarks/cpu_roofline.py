@@ -53,6 +53,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--measured", nargs="*", default=[], help="MODE=TOKENS_PER_S from agent_throughput.py")
     args = ap.parse_args(argv)
+    measured = []  # checked before the minutes of measuring, so a typo costs nothing
+    for item in args.measured:
+        mode, _, value = item.partition("=")
+        try:
+            measured.append((mode, float(value)))
+        except ValueError:
+            ap.error(f"--measured {item!r}: write MODE=TOKENS_PER_S with a number, e.g. prefix=276")
 
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -103,9 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         f"({forward / bound:.0%} of the ceiling)"
     )
 
-    for item in args.measured:
-        mode, _, value = item.partition("=")
-        tps = float(value)
+    for mode, tps in measured:
         print(
             f"{mode:<12} {tps:7.0f} tokens/s = {tps / bound:5.0%} of the ceiling, {tps / forward:5.0%} of the "
             f"model forward"
