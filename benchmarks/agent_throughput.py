@@ -98,6 +98,7 @@ def run_mode(args: argparse.Namespace) -> dict:
     cache = getattr(policy, "prefix_cache", None)
     if cache is not None:  # a timed run pays for its own prefixes
         cache.clear()
+    phases = time_forward_phases(policy.model)
     t0 = time.perf_counter()
     if mode.startswith("sequential"):
         trajs = agent.run_sequential(questions)
@@ -115,7 +116,32 @@ def run_mode(args: argparse.Namespace) -> dict:
         "raw": [[r for s in t.steps for r in s.raw] + list(t.final_raw) for t in trajs],
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "prefix": cache.stats() if cache is not None else None,
+        "phases": phases,
     }
+
+
+def time_forward_phases(model) -> dict[str, list[float]]:  # noqa: ANN001 - a transformers model
+    """Add up, per phase, [calls, seconds, tokens] of the model's forwards: `decode` is a forward of one new token a
+    row (a generate step), `prefill` any longer one (prompts, prefix builds; continuous batching packs both into one).
+
+    Forward hooks, not a wrapped `forward`: `generate` reads `forward`'s signature to decide which inputs to build (a
+    `(*args, **kwargs)` wrapper loses the position ids the prefix layout needs, and the outputs change)."""
+    phases = {"prefill": [0, 0.0, 0], "decode": [0, 0.0, 0]}
+    started: list[float] = []
+
+    def pre(module, args, kwargs):  # noqa: ANN001, ANN202
+        started.append(time.perf_counter())
+
+    def post(module, args, kwargs, output):  # noqa: ANN001, ANN202
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        phase = phases["decode" if ids is not None and ids.ndim == 2 and ids.shape[1] == 1 else "prefill"]
+        phase[0] += 1
+        phase[1] += time.perf_counter() - started.pop()
+        phase[2] += int(ids.numel()) if ids is not None else 0
+
+    model.register_forward_pre_hook(pre, with_kwargs=True)
+    model.register_forward_hook(post, with_kwargs=True)
+    return phases
 
 
 def child_argv(args: argparse.Namespace, mode: str, batch_size: int, out: str) -> list[str]:
@@ -154,6 +180,14 @@ def table(results: list[dict], n: int) -> bool:
             f"{f'{same}/{n}':>12}{f'{same_raw}/{n}':>10}"
             f"{(r['prompt_tokens'] + r['gen_tokens']) / r['seconds']:>8.0f}"  # prompt + generated tokens a second
         )
+        if r.get("phases"):
+            pre, dec = r["phases"]["prefill"], r["phases"]["decode"]
+            rest = r["seconds"] - pre[1] - dec[1]
+            print(
+                f"{'':<20}model forwards: prefill {pre[1]:.1f} s ({pre[0]} calls, {pre[2]} tokens, "
+                f"{pre[2] / max(pre[1], 1e-9):.0f} tok/s); decode {dec[1]:.1f} s ({dec[0]} steps, {dec[2]} row-tokens, "
+                f"{dec[2] / max(dec[1], 1e-9):.0f} tok/s); outside the model {rest:.1f} s"
+            )
         if r["prefix"]:
             p = r["prefix"]
             print(
