@@ -20,8 +20,8 @@ class PolicyConfig:
     dtype: str = "float32"
     device: str | None = None
     max_batch_size: int = 16
-    # On by default: same tokens out, and on SmolLM2 (2 cores, fp32) 1.08-1.28x the lockstep loop at batch 4-32
-    # (docs/benchmarks/agent_throughput_sweep_n16.txt); a few MB a prefix
+    # On by default: same tokens out, and on SmolLM2 (2 cores, fp32) 1.13-1.63x the lockstep loop at batch 4-32
+    # (docs/benchmarks/agent_throughput_sweep_n32.txt); a few MB a prefix
     prefix_cache_mb: int = field(
         default=256,
         metadata={
