@@ -1,0 +1,60 @@
+"""scripts/paired_bootstrap.py: the report's macro (datasets -> groups -> mean) of a paired difference, and its s.e."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("paired_bootstrap", REPO / "scripts" / "paired_bootstrap.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _write(out: Path, scores: dict[str, dict[str, list[float]]]) -> None:
+    """scores[method][dataset] = per-question F1; datasets `a1`, `a2` form group `a`, `b1` group `b`."""
+    groups = {"a1": "a", "a2": "a", "b1": "b"}
+    out.mkdir()
+    (out / "results.json").write_text(
+        json.dumps({"datasets": {d: {"group": g, "skipped": ""} for d, g in groups.items()}})
+    )
+    rows = [
+        {"method": m, "dataset": ds, "qid": f"{ds}-{i}", "error": "", "scores": {"answer/f1_recall": x}}
+        for m, per_ds in scores.items()
+        for ds, xs in per_ds.items()
+        for i, x in enumerate(xs)
+    ]
+    rows.append({"method": "x", "dataset": "b1", "qid": "b1-9", "error": "backend down", "scores": {}})
+    (out / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_macro_weights_groups_equally_and_pairs_by_question(tmp_path: Path) -> None:
+    mod = _script()
+    _write(
+        tmp_path / "run",
+        {
+            "x": {"a1": [1, 1], "a2": [0, 0, 0, 0], "b1": [1, 0]},
+            "y": {"a1": [0, 0], "a2": [0, 0, 0, 0], "b1": [0, 0]},
+        },
+    )
+    r = mod.paired(tmp_path / "run", "x", "y", "answer/f1_recall", resamples=500)
+    # group a: mean(a1 diff 1.0, a2 diff 0.0) = 0.5; group b: 0.5; macro 0.5 (a question-pooled mean would be 0.375)
+    assert r["diff"] == pytest.approx(0.5)
+    assert r["n"] == 8
+    assert 0.05 < r["se"] < 0.5  # only b1 varies under resampling
+    same = mod.paired(tmp_path / "run", "y", "y", "answer/f1_recall", resamples=50)
+    assert same["diff"] == 0 and same["se"] == 0
+
+
+def test_methods_with_no_common_question_are_a_clear_error(tmp_path: Path) -> None:
+    mod = _script()
+    _write(tmp_path / "run", {"x": {"a1": [1]}})
+    with pytest.raises(SystemExit, match="no question scored by both 'x' and 'rag_all'"):
+        mod.paired(tmp_path / "run", "x", "rag_all", "answer/f1_recall")
