@@ -259,8 +259,12 @@ def _check_agent_keys(overrides: dict, where: str) -> None:
 
 
 def _files_stamp(path: Path) -> str:
-    """Hash of the names, sizes and modification times of the files at `path` (a file or a folder)."""
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    """Hash of the names, sizes and modification times of the files at `path` (a file or a folder).
+
+    A folder's Markdown files are left out: editing a model card changes no prediction, and it used to send a
+    13-minute scoreboard method back to be recomputed.
+    """
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file() and p.suffix != ".md")
     blob = json.dumps(
         [(str(p.relative_to(path)) if p != path else p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]
     )

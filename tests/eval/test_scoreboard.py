@@ -150,6 +150,8 @@ def test_a_local_checkpoint_retrained_in_place_changes_the_fingerprint(tmp_path:
     (adapter / "adapter_model.safetensors").write_bytes(b"v1")
     cfg = load_eval_config(_variants_yaml(tmp_path, questions_file, {"sft": {"policy": {"model": str(adapter)}}}))
     before = cfg.fingerprint("sft")
+    (adapter / "README.md").write_text("# model card, edited after the eval\n")
+    assert cfg.fingerprint("sft") == before  # documentation changes no prediction
     (adapter / "adapter_model.safetensors").write_bytes(b"version 2")
     assert cfg.fingerprint("sft") != before
 
