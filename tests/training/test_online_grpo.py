@@ -184,7 +184,8 @@ def test_evidence_tokens_carry_no_loss(scenario):
                 evidence = render_hits(sibs[i].anchor.hits, 120)
                 prompt = tok.decode(output["prompt_ids"][i][output["prompt_mask"][i].bool()])
                 assert sibs[i].anchor.hits and evidence.strip() in prompt
-    assert answer_rows > 0, "no answer step was trained on, so evidence masking went unchecked"
+    seen = [(r["step_type"], r["is_pad"]) for _, rows, _, _ in scenario["batches"] for r in rows]
+    assert answer_rows > 0, f"no answer step was trained on, so evidence masking went unchecked; rows: {seen}"
 
 
 def test_service_down_stops_the_run_with_a_checkpoint(scenario):
