@@ -62,3 +62,18 @@ def smollm2_dir() -> str:
     from agent.backends.models import smollm2_path
 
     return smollm2_path()
+
+
+@pytest.fixture(scope="session")
+def load_script():
+    """`load_script("scripts/x.py")`: a repo script (not a package module) imported by path, for tests of its functions."""
+    import importlib.util
+
+    def load(relpath: str):
+        path = Path(__file__).resolve().parents[1] / relpath
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    return load

@@ -2,24 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("make_clip_questions", REPO / "scripts" / "make_clip_questions.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_clip_questions_name_real_spans_and_never_a_scored_question(shared_data: Path) -> None:
+def test_clip_questions_name_real_spans_and_never_a_scored_question(shared_data: Path, load_script) -> None:
     from eval.corpora import video_clip_rows
 
-    rows = _script().clip_questions(shared_data)
+    rows = load_script("scripts/make_clip_questions.py").clip_questions(shared_data)
     clips = {(c["video_id"], c["start"], c["end"]): c for c in video_clip_rows(shared_data)}
     scored = [json.loads(line) for line in (shared_data / "video" / "qa.jsonl").read_text().splitlines() if line]
     assert len({r["qid"] for r in rows}) == len(rows) > 50
@@ -35,7 +27,7 @@ def test_clip_questions_name_real_spans_and_never_a_scored_question(shared_data:
     assert len(short) > 50 and max(len(r["question"].split()) for r in short) <= 12  # short, as video QA asks
 
 
-def test_committed_clip_questions_are_the_scripts_output(shared_data: Path) -> None:
+def test_committed_clip_questions_are_the_scripts_output(shared_data: Path, load_script) -> None:
     committed = REPO / "data" / "synth" / "clip_note_questions.jsonl"
     rows = [json.loads(line) for line in committed.read_text(encoding="utf-8").splitlines()]
-    assert rows == _script().clip_questions(shared_data)
+    assert rows == load_script("scripts/make_clip_questions.py").clip_questions(shared_data)

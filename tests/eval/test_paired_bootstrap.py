@@ -2,20 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("paired_bootstrap", REPO / "scripts" / "paired_bootstrap.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _write(out: Path, scores: dict[str, dict[str, list[float]]]) -> None:
@@ -35,8 +25,8 @@ def _write(out: Path, scores: dict[str, dict[str, list[float]]]) -> None:
     (out / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def test_macro_weights_groups_equally_and_pairs_by_question(tmp_path: Path) -> None:
-    mod = _script()
+def test_macro_weights_groups_equally_and_pairs_by_question(tmp_path: Path, load_script) -> None:
+    mod = load_script("scripts/paired_bootstrap.py")
     _write(
         tmp_path / "run",
         {
@@ -53,8 +43,8 @@ def test_macro_weights_groups_equally_and_pairs_by_question(tmp_path: Path) -> N
     assert same["diff"] == 0 and same["se"] == 0
 
 
-def test_methods_with_no_common_question_are_a_clear_error(tmp_path: Path) -> None:
-    mod = _script()
+def test_methods_with_no_common_question_are_a_clear_error(tmp_path: Path, load_script) -> None:
+    mod = load_script("scripts/paired_bootstrap.py")
     _write(tmp_path / "run", {"x": {"a1": [1]}})
     with pytest.raises(SystemExit, match="no question scored by both 'x' and 'rag_all'"):
         mod.paired(tmp_path / "run", "x", "rag_all", "answer/f1_recall")
