@@ -258,17 +258,29 @@ def _check_agent_keys(overrides: dict, where: str) -> None:
         raise ValueError(f"{where} has unknown key(s) {sorted(unknown)}; valid: {sorted(agent_keys)}")
 
 
-def _files_stamp(path: Path) -> str:
-    """Hash of the names, sizes and modification times of the files at `path` (a file or a folder).
+CONTENT_HASH_BYTES = 256 * 2**20  # files up to this size are hashed by content; larger shards by size and mtime
 
-    A folder's Markdown files are left out: editing a model card changes no prediction, and it used to send a
-    13-minute scoreboard method back to be recomputed.
+
+def _files_stamp(path: Path) -> str:
+    """Hash of the files at `path` (a file or a folder): their names and contents.
+
+    Contents, not modification times: a `git checkout` or a copy puts the same adapter back with a new mtime, and that
+    used to send 9-minute scoreboard methods back to be recomputed. Files over `CONTENT_HASH_BYTES` (a large model's
+    weight shards) count by size and mtime, so a fingerprint never reads gigabytes. A folder's Markdown files are
+    left out: editing a model card changes no prediction.
     """
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file() and p.suffix != ".md")
-    blob = json.dumps(
-        [(str(p.relative_to(path)) if p != path else p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]
-    )
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+    h = hashlib.sha256()
+    for p in files:
+        st = p.stat()
+        h.update(f"{p.relative_to(path) if p != path else p.name}\0{st.st_size}\0".encode())
+        if st.st_size > CONTENT_HASH_BYTES:
+            h.update(str(st.st_mtime_ns).encode())
+            continue
+        with p.open("rb") as f:
+            for block in iter(lambda: f.read(2**20), b""):
+                h.update(block)
+    return h.hexdigest()[:16]
 
 
 def load_eval_config(path: str | Path, overrides: list[str] = (), values: list[tuple] = ()) -> EvalConfig:

@@ -4,6 +4,7 @@ valid-step rate and per-step routing accuracy on hand-made trajectories, and the
 from __future__ import annotations
 
 import json
+import os
 import weakref
 from pathlib import Path
 
@@ -152,8 +153,24 @@ def test_a_local_checkpoint_retrained_in_place_changes_the_fingerprint(tmp_path:
     before = cfg.fingerprint("sft")
     (adapter / "README.md").write_text("# model card, edited after the eval\n")
     assert cfg.fingerprint("sft") == before  # documentation changes no prediction
-    (adapter / "adapter_model.safetensors").write_bytes(b"version 2")
+    weights = adapter / "adapter_model.safetensors"
+    os.utime(weights, ns=(0, 0))  # the same bytes put back by a git checkout or a copy: a new mtime, same predictions
+    assert cfg.fingerprint("sft") == before
+    weights.write_bytes(b"v2")  # retrained in place: same size, other bytes
     assert cfg.fingerprint("sft") != before
+
+
+def test_a_large_weight_shard_counts_by_size_and_mtime(tmp_path: Path, questions_file: Path, monkeypatch) -> None:
+    import eval.config
+
+    monkeypatch.setattr(eval.config, "CONTENT_HASH_BYTES", 1)  # every file is "large": no file is read
+    shard = tmp_path / "model" / "model.safetensors"
+    shard.parent.mkdir()
+    shard.write_bytes(b"weights")
+    cfg = load_eval_config(_variants_yaml(tmp_path, questions_file, {"big": {"policy": {"model": str(shard.parent)}}}))
+    before = cfg.fingerprint("big")
+    os.utime(shard, ns=(0, 0))
+    assert cfg.fingerprint("big") != before
 
 
 @pytest.mark.parametrize(
