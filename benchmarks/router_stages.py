@@ -10,6 +10,11 @@ standard error (paired over the same prompts).
     python benchmarks/router_stages.py --limit 40 --stages sft grpo
     python benchmarks/router_stages.py --routing --stages sft1 sft grpo   # + first-step KB accuracy, constrained
     python benchmarks/router_stages.py --routing --vary-kb-lists 1.0 --stages sft   # routing over other KB lists
+    python benchmarks/router_stages.py --routing --recipe configs/train/smollm2_router_grpo_onestage_lora_cpu.yaml \
+        --stages base sft=runs/train/smollm2_router_sft_onestage grpo=runs/train/smollm2_router_grpo_onestage
+
+A stage is a name of STAGES below or NAME=ADAPTER_DIR. The step types scored are the recipe's `step_types` (plan and
+final where it names none); intermediate-answer steps are scored by the recipe's answer reward.
 
 `--routing` adds, per stage, the share of held-out *first* plan steps whose KB is the gold one, per dataset, under
 constrained greedy decoding with the stop branch removed (as `kbrouter demo | ask | run` decode the first step).
@@ -40,6 +45,18 @@ STAGES = {
 # questions): the SFT stage the shipped Step-GRPO router starts from
 
 
+def parse_stage(arg: str) -> tuple[str, str | None]:
+    """`sft` (a name of STAGES) or `sft=runs/train/x` (any adapter folder, relative to the repository root)."""
+    name, sep, path = arg.partition("=")
+    if sep:
+        if not name or not path:
+            raise argparse.ArgumentTypeError(f"stage {arg!r}: write NAME=ADAPTER_DIR, e.g. sft=runs/train/my_sft")
+        return name, path
+    if name not in STAGES:
+        raise argparse.ArgumentTypeError(f"unknown stage {name!r}: one of {', '.join(STAGES)}, or NAME=ADAPTER_DIR")
+    return name, STAGES[name]
+
+
 def mean_se(xs: list[float]) -> tuple[float, float]:
     n = len(xs)
     if n == 0:
@@ -49,14 +66,14 @@ def mean_se(xs: list[float]) -> tuple[float, float]:
     return m, math.sqrt(var / n)
 
 
-def score(policy, dataset, reward_funcs, weights, tokens: dict) -> dict[str, list]:
+def score(policy, dataset, reward_funcs, weights, tokens: dict, step_types=("plan", "final")) -> dict[str, list]:
     """Per-prompt reward components (None where a component does not apply) and the weighted total."""
     from agent.backends.base import SamplingParams
 
     out: dict[str, list] = {f.__name__: [] for f in reward_funcs}
     out["reward"] = []
     columns = [c for c in dataset.column_names if c not in ("prompt", "completion")]
-    for step_type in ("plan", "final"):
+    for step_type in step_types:
         rows = dataset.filter(lambda r, t=step_type: r["step_type"] == t)
         if len(rows) == 0:
             continue
@@ -97,7 +114,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--heldout", default="runs/synth/annotation_cpu/steps_heldout.jsonl")
     ap.add_argument("--recipe", default="configs/train/smollm2_router_grpo_lora_cpu.yaml")
-    ap.add_argument("--stages", nargs="+", default=list(STAGES), choices=list(STAGES))
+    stage_help = "a name of STAGES or NAME=ADAPTER_DIR; `sft` and `grpo` are compared paired"
+    ap.add_argument("--stages", nargs="+", default=list(STAGES.items()), type=parse_stage, help=stage_help)
     ap.add_argument("--limit", type=int, default=None, help="at most N prompts per step type")
     ap.add_argument("--routing", action="store_true", help="also first-step KB accuracy (constrained, see above)")
     ap.add_argument("--vary-kb-lists", type=float, default=0.0, metavar="SHARE",
@@ -115,7 +133,8 @@ def main() -> None:
     specs = [RewardSpec.from_dict(d) for d in recipe["rewards"]]
     funcs = [build_reward(s.name, **{**s.kwargs, "gate": True} if s.name != "format" else s.kwargs) for s in specs]
     weights = [s.weight for s in specs]
-    records = [r for r in load_step_records(str(REPO / args.heldout), "steps") if r.step_type in ("plan", "final")]
+    step_types = tuple(recipe.get("step_types") or ("plan", "final"))
+    records = [r for r in load_step_records(str(REPO / args.heldout), "steps") if r.step_type in step_types]
     if args.limit:
         kept, seen = [], {}
         for r in records:
@@ -124,7 +143,7 @@ def main() -> None:
                 kept.append(r)
         records = kept
     grammar_tokens = recipe["grammar_tokens"]
-    tokens = {"plan": grammar_tokens["plan"], "final": grammar_tokens["final"]}
+    tokens = {t: grammar_tokens[t] for t in step_types}
     results: dict[str, dict[str, list]] = {}
     routing: dict[str, dict[str, tuple[int, int]]] = {}
     all_records = load_step_records(str(REPO / args.heldout), "steps")
@@ -132,22 +151,23 @@ def main() -> None:
         from training.kb_lists import vary_kb_lists
 
         all_records = vary_kb_lists(all_records, args.vary_kb_lists, min_kbs=2, seed=123)
-    for stage in args.stages:
-        adapter = STAGES[stage]
+    stages = dict(args.stages)
+    for stage, adapter in stages.items():
         policy = TransformersPolicy("smollm2", adapter=str(REPO / adapter) if adapter else None, max_batch_size=16)
         ds = build_step_dataset(records, tokenizer=policy.tokenizer, max_prompt_tokens=recipe["max_prompt_tokens"],
                                 grammar_tokens=grammar_tokens)  # fmt: skip
-        results[stage] = score(policy, ds, funcs, weights, tokens)
+        results[stage] = score(policy, ds, funcs, weights, tokens, step_types)
         if args.routing:
             routing[stage] = first_step_routing(policy, all_records, grammar_tokens["plan"])
         del policy
-    n = {t: sum(r.step_type == t for r in records) for t in ("plan", "final")}
-    print(f"held-out steps: {n['plan']} plan + {n['final']} final prompts from {args.heldout} (greedy, unconstrained)")
+    counts = " + ".join(f"{sum(r.step_type == t for r in records)} {t}" for t in step_types)
+    print(f"held-out steps: {counts} prompts from {args.heldout} (greedy, unconstrained)")
+    print("stages: " + ", ".join(f"{k} = {v or 'base SmolLM2'}" for k, v in stages.items()))
     keys = ["reward"] + [f.__name__ for f in funcs]
-    print(f"{'mean ± s.e.':24s}" + "".join(f"{s:>18s}" for s in args.stages))
+    print(f"{'mean ± s.e.':24s}" + "".join(f"{s:>18s}" for s in stages))
     for k in keys:
         cells = []
-        for stage in args.stages:
+        for stage in stages:
             m, se = mean_se([x for x in results[stage][k] if x is not None])
             cells.append(f"{m:8.3f} ± {se:5.3f}")
         print(f"{k:24s}" + "".join(f"{c:>18s}" for c in cells))
