@@ -110,6 +110,16 @@ def first_step_routing(policy, records, budget: int) -> dict[str, tuple[int, int
     return out
 
 
+def print_paired(results: dict[str, dict[str, list]], keys: list[str]) -> None:
+    """GRPO - SFT per component, paired over the prompts both scored, with its verdict against 2 s.e."""
+    for k in keys:
+        pairs = [(a, b) for a, b in zip(results["sft"][k], results["grpo"][k], strict=True)
+                 if a is not None and b is not None]  # fmt: skip
+        m, se = mean_se([b - a for a, b in pairs])
+        verdict = "beats SFT by > 2 s.e." if m > 2 * se else "does NOT beat SFT by > 2 s.e."
+        print(f"GRPO - SFT {k:18s} {m:+.3f} ± {se:.3f} (paired, n={len(pairs)}): {verdict}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--heldout", default="runs/synth/annotation_cpu/steps_heldout.jsonl")
@@ -157,9 +167,16 @@ def main() -> None:
         ds = build_step_dataset(records, tokenizer=policy.tokenizer, max_prompt_tokens=recipe["max_prompt_tokens"],
                                 grammar_tokens=grammar_tokens)  # fmt: skip
         results[stage] = score(policy, ds, funcs, weights, tokens, step_types)
+        done = "  ".join("{} {:.3f} ± {:.3f}".format(k, *mean_se([x for x in v if x is not None]))
+                         for k, v in results[stage].items())  # fmt: skip
+        print(f"[{stage}] {done}", flush=True)  # a stage's figures as soon as it is scored: a long run can be cut
         if args.routing:
             routing[stage] = first_step_routing(policy, all_records, grammar_tokens["plan"])
+            right, asked = (sum(v[i] for v in routing[stage].values()) for i in (0, 1))
+            print(f"[{stage}] first-step KB accuracy {right}/{asked}", flush=True)
         del policy
+        if stage in ("sft", "grpo") and {"sft", "grpo"} <= set(results):
+            print_paired(results, ["reward"] + [f.__name__ for f in funcs])
     counts = " + ".join(f"{sum(r.step_type == t for r in records)} {t}" for t in step_types)
     print(f"held-out steps: {counts} prompts from {args.heldout} (greedy, unconstrained)")
     print("stages: " + ", ".join(f"{k} = {v or 'base SmolLM2'}" for k, v in stages.items()))
@@ -172,12 +189,7 @@ def main() -> None:
             cells.append(f"{m:8.3f} ± {se:5.3f}")
         print(f"{k:24s}" + "".join(f"{c:>18s}" for c in cells))
     if "sft" in results and "grpo" in results:
-        for k in keys:
-            pairs = [(a, b) for a, b in zip(results["sft"][k], results["grpo"][k], strict=True)
-                     if a is not None and b is not None]  # fmt: skip
-            m, se = mean_se([b - a for a, b in pairs])
-            verdict = "beats SFT by > 2 s.e." if m > 2 * se else "does NOT beat SFT by > 2 s.e."
-            print(f"GRPO - SFT {k:18s} {m:+.3f} ± {se:.3f} (paired, n={len(pairs)}): {verdict}")
+        print_paired(results, keys)
 
     if routing:
         print("first-step KB accuracy (constrained greedy, stop branch removed), right/asked per dataset:")
