@@ -162,6 +162,7 @@ def main() -> None:
 
         all_records = vary_kb_lists(all_records, args.vary_kb_lists, min_kbs=2, seed=123)
     stages = dict(args.stages)
+    keys = ["reward"] + [f.__name__ for f in funcs]
     for stage, adapter in stages.items():
         policy = TransformersPolicy("smollm2", adapter=str(REPO / adapter) if adapter else None, max_batch_size=16)
         ds = build_step_dataset(records, tokenizer=policy.tokenizer, max_prompt_tokens=recipe["max_prompt_tokens"],
@@ -176,11 +177,10 @@ def main() -> None:
             print(f"[{stage}] first-step KB accuracy {right}/{asked}", flush=True)
         del policy
         if stage in ("sft", "grpo") and {"sft", "grpo"} <= set(results):
-            print_paired(results, ["reward"] + [f.__name__ for f in funcs])
+            print_paired(results, keys)  # printed once, as soon as both are scored
     counts = " + ".join(f"{sum(r.step_type == t for r in records)} {t}" for t in step_types)
     print(f"held-out steps: {counts} prompts from {args.heldout} (greedy, unconstrained)")
     print("stages: " + ", ".join(f"{k} = {v or 'base SmolLM2'}" for k, v in stages.items()))
-    keys = ["reward"] + [f.__name__ for f in funcs]
     print(f"{'mean ± s.e.':24s}" + "".join(f"{s:>18s}" for s in stages))
     for k in keys:
         cells = []
@@ -188,8 +188,6 @@ def main() -> None:
             m, se = mean_se([x for x in results[stage][k] if x is not None])
             cells.append(f"{m:8.3f} ± {se:5.3f}")
         print(f"{k:24s}" + "".join(f"{c:>18s}" for c in cells))
-    if "sft" in results and "grpo" in results:
-        print_paired(results, keys)
 
     if routing:
         print("first-step KB accuracy (constrained greedy, stop branch removed), right/asked per dataset:")
