@@ -201,6 +201,12 @@ class StepGRPOConfig(GRPOConfig, StepDataArgs):
         metadata={"help": "With `online: true`: {kb, max_steps, top_k, discount, outcome_weight, lookahead, "
                           "allow_outcome_only, ...} (training/rollouts.py, OnlineSettings)."},
     )  # fmt: skip
+    constrained_rollouts: bool = field(
+        default=False,
+        metadata={"help": "Sample every completion under its step grammar (of `grammar_tokens`), as the constrained "
+                          "agent decodes: the group's reward differences then come from decisions and answers, not "
+                          "tags (training/constrained_rollouts.py). transformers generation only."},
+    )  # fmt: skip
 
     def _check_online(self) -> None:
         if not self.online:
@@ -217,6 +223,19 @@ class StepGRPOConfig(GRPOConfig, StepDataArgs):
                 f"`num_generations` ({self.num_generations}) so that each process rolls out whole questions"
             )
 
+    def _check_constrained_rollouts(self) -> None:
+        if not self.grammar_tokens:
+            raise ValueError("`constrained_rollouts: true` samples under the step grammars of `grammar_tokens`; set "
+                             "`grammar_tokens: {plan: 448, answer: 256, final: 256}` (the SFT recipe's)")  # fmt: skip
+        if self.online:
+            raise ValueError("`constrained_rollouts` is for step prompts; online step trees sample through the agent's "
+                             "own rollouts: drop one of `online` and `constrained_rollouts`")  # fmt: skip
+        if self.use_vllm:
+            raise ValueError("`constrained_rollouts` samples with transformers' generate (one grammar per row), which "
+                             "TRL's vLLM path cannot take; set `use_vllm: false` or `constrained_rollouts: false`")  # fmt: skip
+        if self.use_images:
+            raise ValueError("`constrained_rollouts` supports text step prompts only; set `use_images: false`")
+
     def online_settings(self):
         """The validated `online_rollout` (a `training.rollouts.OnlineSettings`)."""
         from training.rollouts import OnlineSettings
@@ -232,6 +251,8 @@ class StepGRPOConfig(GRPOConfig, StepDataArgs):
             )
         if self.online or self.online_rollout is not None:
             self._check_online()
+        if self.constrained_rollouts:
+            self._check_constrained_rollouts()
         if isinstance(self.beta, bool) or not isinstance(self.beta, (int, float)) or not self.beta >= 0:
             raise ValueError(
                 f"`beta` (the KL coefficient) must be >= 0, got {self.beta!r} (a negative one pushes the policy away "

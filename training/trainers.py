@@ -173,8 +173,17 @@ def build_grpo_trainer(cfg: StepGRPOConfig):
     train_ds = train_ds.remove_columns("completion")
     eval_ds = eval_ds.remove_columns("completion") if eval_ds is not None else None
     logger.info("Step-GRPO on %d step prompts (%s)", len(train_ds), dict(_count(train_ds["step_type"])))
-    return make_trainer(GRPOTrainer, cfg, model_path, processing_class, train_ds, eval_dataset=eval_ds,
-                        reward_funcs=rewards)  # fmt: skip
+    if not cfg.constrained_rollouts:
+        return make_trainer(GRPOTrainer, cfg, model_path, processing_class, train_ds, eval_dataset=eval_ds,
+                            reward_funcs=rewards)  # fmt: skip
+    from training.constrained_rollouts import ConstrainedRollouts, constrained_trainer_class
+
+    rollouts = ConstrainedRollouts(cfg.grammar_tokens)
+    logger.info("rollouts sampled under the step grammars of %s tokens", cfg.grammar_tokens)
+    trainer = make_trainer(constrained_trainer_class(), cfg, model_path, processing_class, train_ds,
+                           eval_dataset=eval_ds, reward_funcs=rewards, rollout_func=rollouts.rollout_func)  # fmt: skip
+    trainer.constrained = rollouts
+    return trainer
 
 
 def build_sft_trainer(cfg: StepSFTConfig):

@@ -45,6 +45,11 @@ def compiled_grammar(model, tokenizer, ebnf: str):  # noqa: ANN001, ANN201
         return cache[ebnf]
 
 
-def grammar_processor(model, tokenizer, ebnf: str):  # noqa: ANN001, ANN201
-    """A single-use logits processor that masks every token the grammar does not allow next."""
+def grammar_processor(model, tokenizer, ebnf: str | list[str]):  # noqa: ANN001, ANN201
+    """A single-use logits processor that masks every token the grammar does not allow next.
+
+    A list gives one grammar per batch row (rows of one `generate` call may have different KB sets or step types).
+    """
+    if isinstance(ebnf, list):
+        return _xgrammar().contrib.hf.LogitsProcessor([compiled_grammar(model, tokenizer, g) for g in ebnf])
     return _xgrammar().contrib.hf.LogitsProcessor(compiled_grammar(model, tokenizer, ebnf))

@@ -88,6 +88,20 @@ def test_paper_defaults_and_overrides():
         (["--kb_list_share", "1.5"], ValueError, r"`kb_list_share` must be a share in \[0, 1\], got 1.5"),
         (["--kb_list_min", "0"], ValueError, r"`kb_list_min` must be >= 1"),
         (["--max_per_dataset", "{coco: -1}"], ValueError, r"`max_per_dataset.coco` must be a count >= 0, got -1"),
+        # constrained rollouts need the grammars' budgets and transformers generation
+        (["--constrained_rollouts", "true"], ValueError, r"`constrained_rollouts: true` .* set `grammar_tokens"),
+        (
+            [
+                "--constrained_rollouts",
+                "true",
+                "--grammar_tokens",
+                "{plan: 448, answer: 256, final: 256}",
+                "--use_vllm",
+                "true",
+            ],
+            ValueError,
+            r"TRL's vLLM path cannot take; set `use_vllm: false`",
+        ),
     ],
 )
 def test_bad_recipes_fail_at_parse_time(overrides, error, match):
