@@ -3,6 +3,8 @@
 The held-out steps are whole trajectories that no stage trained on (`scripts/split_steps.py`: steps_heldout.jsonl).
 Every model answers every held-out plan and final step prompt greedily, *unconstrained* (so the format component
 measures what the model learned, not what the grammar enforces), and is scored by the Step-GRPO recipe's rewards.
+`--constrained` decodes each step under its grammar instead, as the agent does (`agent.constrained`): every step is
+then well formed, and the reward measures the decisions and the answers the user gets.
 Prints the mean and standard error of each component per stage, and the paired GRPO - SFT difference with its
 standard error (paired over the same prompts).
 
@@ -10,6 +12,7 @@ standard error (paired over the same prompts).
     python benchmarks/router_stages.py --limit 40 --stages sft grpo
     python benchmarks/router_stages.py --routing --stages sft1 sft grpo   # + first-step KB accuracy, constrained
     python benchmarks/router_stages.py --routing --vary-kb-lists 1.0 --stages sft   # routing over other KB lists
+    python benchmarks/router_stages.py --constrained --limit 30 --stages base sft grpo   # as the agent decodes
     python benchmarks/router_stages.py --routing --recipe configs/train/smollm2_router_grpo_onestage_lora_cpu.yaml \
         --stages base sft=runs/train/smollm2_router_sft_onestage grpo=runs/train/smollm2_router_grpo_onestage
 
@@ -66,10 +69,32 @@ def mean_se(xs: list[float]) -> tuple[float, float]:
     return m, math.sqrt(var / n)
 
 
-def score(policy, dataset, reward_funcs, weights, tokens: dict, step_types=("plan", "final")) -> dict[str, list]:
-    """Per-prompt reward components (None where a component does not apply) and the weighted total."""
+def generate(policy, rows, step_type: str, budget: int, constrained: bool) -> list[str]:
+    """Greedy completions of `rows` (one step type): free with a stop string, or under each row's step grammar."""
     from agent.backends.base import SamplingParams
+    from agent.protocol import plan_grammar
+    from training.constrained_rollouts import row_grammar
 
+    prompts = [list(p) for p in rows["prompt"]]
+    if not constrained:
+        stop = "</ret>" if step_type == "plan" else "</answer>"
+        return [o.text for o in policy.generate(prompts, SamplingParams(max_new_tokens=budget, stop=(stop,)))]
+    # the agent's first step must search (`kbrouter demo | ask | run` default to min_steps 1): no stop branch there
+    grammars = [plan_grammar(tuple(kbs), budget, allow_stop=False).ebnf if step_type == "plan" and i == 0
+                else row_grammar(step_type, kbs, {step_type: budget})
+                for kbs, i in zip(rows["kb_names"], rows["step_index"], strict=True)]  # fmt: skip
+    texts: list[str] = [""] * len(prompts)
+    for g in dict.fromkeys(grammars):  # one generate call per grammar (KB list), order kept
+        idx = [i for i, x in enumerate(grammars) if x == g]
+        outs = policy.generate([prompts[i] for i in idx], SamplingParams(max_new_tokens=budget, grammar=g))
+        for i, o in zip(idx, outs, strict=True):
+            texts[i] = o.text
+    return texts
+
+
+def score(policy, dataset, reward_funcs, weights, tokens: dict, step_types=("plan", "final"),
+          constrained: bool = False) -> dict[str, list]:  # fmt: skip
+    """Per-prompt reward components (None where a component does not apply) and the weighted total."""
     out: dict[str, list] = {f.__name__: [] for f in reward_funcs}
     out["reward"] = []
     columns = [c for c in dataset.column_names if c not in ("prompt", "completion")]
@@ -77,10 +102,8 @@ def score(policy, dataset, reward_funcs, weights, tokens: dict, step_types=("pla
         rows = dataset.filter(lambda r, t=step_type: r["step_type"] == t)
         if len(rows) == 0:
             continue
-        stop = "</ret>" if step_type == "plan" else "</answer>"
-        outs = policy.generate([list(p) for p in rows["prompt"]],
-                               SamplingParams(max_new_tokens=tokens[step_type], stop=(stop,)))  # fmt: skip
-        completions = [[{"role": "assistant", "content": o.text}] for o in outs]
+        texts = generate(policy, rows, step_type, tokens[step_type], constrained)
+        completions = [[{"role": "assistant", "content": t}] for t in texts]
         kwargs = {c: rows[c] for c in columns}
         scores = [f(completions, **kwargs) for f in reward_funcs]
         for f, s in zip(reward_funcs, scores, strict=True):
@@ -128,6 +151,8 @@ def main() -> None:
     ap.add_argument("--stages", nargs="+", default=list(STAGES.items()), type=parse_stage, help=stage_help)
     ap.add_argument("--limit", type=int, default=None, help="at most N prompts per step type")
     ap.add_argument("--routing", action="store_true", help="also first-step KB accuracy (constrained, see above)")
+    ap.add_argument("--constrained", action="store_true",
+                    help="decode every step under its grammar, as the agent does (the format component is then 1)")  # fmt: skip
     ap.add_argument("--vary-kb-lists", type=float, default=0.0, metavar="SHARE",
                     help="re-render SHARE of the routing prompts with a shuffled subset of the KB list (seed 123)")  # fmt: skip
     args = ap.parse_args()
@@ -167,7 +192,7 @@ def main() -> None:
         policy = TransformersPolicy("smollm2", adapter=str(REPO / adapter) if adapter else None, max_batch_size=16)
         ds = build_step_dataset(records, tokenizer=policy.tokenizer, max_prompt_tokens=recipe["max_prompt_tokens"],
                                 grammar_tokens=grammar_tokens)  # fmt: skip
-        results[stage] = score(policy, ds, funcs, weights, tokens, step_types)
+        results[stage] = score(policy, ds, funcs, weights, tokens, step_types, args.constrained)
         done = "  ".join("{} {:.3f} ± {:.3f}".format(k, *mean_se([x for x in v if x is not None]))
                          for k, v in results[stage].items())  # fmt: skip
         print(f"[{stage}] {done}", flush=True)  # a stage's figures as soon as it is scored: a long run can be cut
@@ -179,7 +204,8 @@ def main() -> None:
         if stage in ("sft", "grpo") and {"sft", "grpo"} <= set(results):
             print_paired(results, keys)  # printed once, as soon as both are scored
     counts = " + ".join(f"{sum(r.step_type == t for r in records)} {t}" for t in step_types)
-    print(f"held-out steps: {counts} prompts from {args.heldout} (greedy, unconstrained)")
+    decoding = "constrained by the step grammars" if args.constrained else "unconstrained"
+    print(f"held-out steps: {counts} prompts from {args.heldout} (greedy, {decoding})")
     print("stages: " + ", ".join(f"{k} = {v or 'base SmolLM2'}" for k, v in stages.items()))
     print(f"{'mean ± s.e.':24s}" + "".join(f"{s:>18s}" for s in stages))
     for k in keys:
