@@ -72,7 +72,6 @@ def mean_se(xs: list[float]) -> tuple[float, float]:
 def generate(policy, rows, step_type: str, budget: int, constrained: bool) -> list[str]:
     """Greedy completions of `rows` (one step type): free with a stop string, or under each row's step grammar."""
     from agent.backends.base import SamplingParams
-    from agent.protocol import plan_grammar
     from training.constrained_rollouts import row_grammar
 
     prompts = [list(p) for p in rows["prompt"]]
@@ -80,8 +79,7 @@ def generate(policy, rows, step_type: str, budget: int, constrained: bool) -> li
         stop = "</ret>" if step_type == "plan" else "</answer>"
         return [o.text for o in policy.generate(prompts, SamplingParams(max_new_tokens=budget, stop=(stop,)))]
     # the agent's first step must search (`kbrouter demo | ask | run` default to min_steps 1): no stop branch there
-    grammars = [plan_grammar(tuple(kbs), budget, allow_stop=False).ebnf if step_type == "plan" and i == 0
-                else row_grammar(step_type, kbs, {step_type: budget})
+    grammars = [row_grammar(step_type, kbs, {step_type: budget}, allow_stop=i > 0)
                 for kbs, i in zip(rows["kb_names"], rows["step_index"], strict=True)]  # fmt: skip
     texts: list[str] = [""] * len(prompts)
     for g in dict.fromkeys(grammars):  # one generate call per grammar (KB list), order kept

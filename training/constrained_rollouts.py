@@ -1,11 +1,11 @@
 """Step-GRPO samples drawn under the step grammars, as the constrained agent decodes (`constrained_rollouts: true`).
 
-Why: the agent decodes every step under its grammar (`agent.constrained`, `agent/protocol/grammar.py`), so a tag
-error never reaches a user. Sampled freely at temperature 1, a weak policy writes many malformed steps, the format
-gate scores them 0, and the group's reward differences are mostly about tags: GRPO then learns the format the
-grammar already guarantees, at the expense of the decision (measured in stop 24: format +0.077, held-out route
-reward 0.444 -> 0.056). Under the grammar every sample is well formed, so the differences within a group come from
-the search-or-stop decision, the KB, the sub-question and the answer.
+Why: the agent decodes every step under its grammar (`agent.constrained`, `agent/protocol/grammar.py`), so training
+samples drawn freely come from another distribution than the one a user gets: a weak policy at temperature 1 writes
+many malformed steps, the format gate scores them 0, and part of the signal goes to tags the grammar already
+guarantees. Under the grammar every sample is well formed, so the differences within a group come from the
+search-or-stop decision, the KB, the sub-question and the answer. Measured (stop 25, model card): it did not keep
+Step-GRPO from losing the stop decision, which free sampling lost as well (stop 24); the cause lies elsewhere.
 
 How: TRL's `rollout_func` contract, on the transformers generation path. The trainer's one override notes each row's
 step type and KB list (dataset columns) before TRL generates; the rollout tokenizes the prompts as TRL does and
@@ -16,19 +16,17 @@ sampled tokens; the samples come from the grammar-masked distribution (as with v
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 
 from agent.protocol import answer_grammar, plan_grammar
 from training.rewards import PLAN
 
-logger = logging.getLogger(__name__)
 
-
-def row_grammar(step_type: str, kb_names: Sequence[str], grammar_tokens: dict) -> str:
-    """The EBNF a step of this type over these KBs is sampled under (the grammars of `grammar_tokens` budgets)."""
+def row_grammar(step_type: str, kb_names: Sequence[str], grammar_tokens: dict, allow_stop: bool = True) -> str:
+    """The EBNF a step of this type over these KBs is sampled under (the grammars of `grammar_tokens` budgets);
+    `allow_stop=False` drops a plan's stop branch (a step that must search, `agent.min_steps`)."""
     if step_type == PLAN:
-        return plan_grammar(tuple(kb_names), int(grammar_tokens[PLAN])).ebnf
+        return plan_grammar(tuple(kb_names), int(grammar_tokens[PLAN]), allow_stop).ebnf
     return answer_grammar(int(grammar_tokens[step_type])).ebnf
 
 

@@ -22,6 +22,8 @@ def test_each_row_gets_the_grammar_of_its_step_type_and_kb_list():
     assert plan == plan_grammar(tuple(kbs), 224).ebnf
     assert '"Text Retriever"' in plan and '"Clip Retriever"' in plan and "Table" not in plan
     assert row_grammar("final", kbs, BUDGETS) == answer_grammar(96).ebnf
+    must_search = row_grammar("plan", kbs, BUDGETS, allow_stop=False)
+    assert must_search == plan_grammar(tuple(kbs), 224, allow_stop=False).ebnf and "(ask | stop)" not in must_search
     assert row_grammar("plan", kbs[::-1], BUDGETS) != plan  # the KB list (and its order) is the prompt's
 
 
