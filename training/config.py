@@ -93,6 +93,14 @@ class StepDataArgs:
     sample_seed: int | None = field(
         default=None, metadata={"help": "Shuffle the records with this seed before the caps (None keeps file order)."}
     )
+    balance_plan_decisions: bool = field(
+        default=False,
+        metadata={
+            "help": "Before the caps, order each dataset's plan records so gold stops and gold searches alternate: "
+            "a capped sample then holds both decisions about equally (a GRPO sample with 1 stop in 5 taught the "
+            "policy never to stop, stop 25)."
+        },
+    )
     max_prompt_tokens: int | None = field(
         default=None, metadata={"help": "Prompt budget; over-long prompts lose lines or are skipped (step_data.py)."}
     )

@@ -10,6 +10,7 @@ import logging
 from pathlib import Path
 
 from agent.backends.models import warn_if_slow_bf16
+from agent.protocol import is_none
 from training.config import StepDataArgs, StepGRPOConfig, StepSFTConfig
 from training.kb_lists import vary_kb_lists
 from training.rewards import PLAN, RewardFunc, build_reward
@@ -31,6 +32,8 @@ def load_records(cfg: StepDataArgs, path: str) -> list[StepRecord]:
 
         records = list(records)
         random.Random(cfg.sample_seed).shuffle(records)
+    if cfg.balance_plan_decisions:
+        records = _balance_plan_decisions(records)
     if cfg.max_per_dataset:
         records = _cap_per_dataset(records, cfg.max_per_dataset)
     if cfg.max_per_step_type:  # a step type left out of the caps gets none
@@ -63,6 +66,26 @@ def _cap_per_dataset(records: list[StepRecord], caps: dict) -> list[StepRecord]:
         return r.metadata.get("dataset", "")
 
     return _cap(records, lambda r: (dataset(r), r.step_type), lambda r: caps.get(dataset(r), caps.get("*")))
+
+
+def _gold_stops(r: StepRecord) -> bool:
+    return is_none(r.gold.get("kb"))  # as the route reward reads it: no gold KB = the step should stop
+
+
+def _balance_plan_decisions(records: list[StepRecord]) -> list[StepRecord]:
+    """Reorder the plan records among their own positions by their rank within (dataset, gold decision), so the
+    first plans of each dataset alternate stop / search; other step types keep their places. Caps applied
+    afterwards then take both decisions about equally, where the data holds them."""
+    slots = [i for i, r in enumerate(records) if r.step_type == PLAN]
+    seen: dict = {}
+    ranks = {}
+    for i in slots:
+        key = (records[i].metadata.get("dataset", ""), _gold_stops(records[i]))
+        ranks[i] = seen[key] = seen.get(key, -1) + 1
+    out = list(records)
+    for slot, i in zip(slots, sorted(slots, key=lambda i: ranks[i]), strict=True):  # stable: ties keep order
+        out[slot] = records[i]
+    return out
 
 
 def build_rewards(cfg: StepGRPOConfig) -> list[RewardFunc]:

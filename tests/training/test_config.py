@@ -182,3 +182,27 @@ def test_max_per_dataset_caps_each_dataset_and_step_type(tmp_path):
     ids = [r.trajectory_id for r in kept]
     assert ids == ["t0", "t1", "t2", "t3", "t10", "t11", "t20", "t21", "t30"]
     assert len(_cap_per_dataset(records, {"coco": 0})) == 6  # no "*": the other datasets are kept whole
+
+
+def test_balance_plan_decisions_alternates_gold_stops_and_searches_before_the_caps():
+    from agent.step_records import StepRecord
+    from training.trainers import _balance_plan_decisions, _cap_per_dataset
+
+    def plan(i, dataset, stops):
+        gold = {"sub_question": None, "kb": None} if stops else {"sub_question": f"q{i}?", "kb": "Text Retriever"}
+        msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": f"q{i}"}]
+        return StepRecord(f"t{i}", "plan", msgs, gold, kb_names=("Text Retriever",), metadata={"dataset": dataset})
+
+    final = StepRecord("f", "final", [{"role": "user", "content": "q"}], {"answers": ["x"]})
+    # mostly searches first, as a shuffled file of first steps holds them: a plain cap of 4 takes no stop
+    records = [plan(i, "hotpotqa", stops=False) for i in range(4)] + [final]
+    records += [plan(4 + i, "hotpotqa", stops=True) for i in range(2)] + [plan(9, "coco", stops=False)]
+    assert not any(r.step_type == "plan" and r.gold["kb"] is None for r in _cap_per_dataset(records, {"*": 4}))
+    balanced = _balance_plan_decisions(records)
+    assert balanced[4] is final  # other step types keep their places
+    plans = [r.trajectory_id for r in balanced if r.step_type == "plan"]
+    # rank 0 of each (dataset, decision) first, in file order, then rank 1, ...
+    assert plans == ["t0", "t4", "t9", "t1", "t5", "t2", "t3"]
+    kept = _cap_per_dataset(balanced, {"*": 4})
+    assert [r.gold["kb"] is None for r in kept if r.metadata.get("dataset") == "hotpotqa"] == [False, True] * 2
+    assert sorted(r.trajectory_id for r in balanced) == sorted(r.trajectory_id for r in records)  # nothing lost
