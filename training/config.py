@@ -215,6 +215,13 @@ class StepGRPOConfig(GRPOConfig, StepDataArgs):
                           "agent decodes: the group's reward differences then come from decisions and answers, not "
                           "tags (training/constrained_rollouts.py). transformers generation only."},
     )  # fmt: skip
+    rollout_min_steps: int = field(
+        default=0,
+        metadata={"help": "With `constrained_rollouts`: plan rows with `step_index` below N are sampled without the "
+                          "stop branch, as the agent decodes them at `agent.min_steps: N` (the shipped default is 1). "
+                          "Stop 26: with the branch open, first-step rollouts learnt to stop and the forced first "
+                          "search of the agent then went to a wrong KB."},
+    )  # fmt: skip
 
     def _check_online(self) -> None:
         if not self.online:
@@ -261,6 +268,12 @@ class StepGRPOConfig(GRPOConfig, StepDataArgs):
             self._check_online()
         if self.constrained_rollouts:
             self._check_constrained_rollouts()
+        steps = self.rollout_min_steps
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+            raise ValueError(f"`rollout_min_steps` must be a step count >= 0, got {self.rollout_min_steps!r}; e.g. 1")
+        if self.rollout_min_steps and not self.constrained_rollouts:
+            raise ValueError("`rollout_min_steps` removes the stop branch from the step grammar, so it needs "
+                             "`constrained_rollouts: true`; set that, or drop `rollout_min_steps`")  # fmt: skip
         if isinstance(self.beta, bool) or not isinstance(self.beta, (int, float)) or not self.beta >= 0:
             raise ValueError(
                 f"`beta` (the KL coefficient) must be >= 0, got {self.beta!r} (a negative one pushes the policy away "

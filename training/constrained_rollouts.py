@@ -42,13 +42,22 @@ def cut_at_eos(ids: Sequence[int], eos_ids: Sequence[int]) -> list[int]:
 class ConstrainedRollouts:
     """State shared by `ConstrainedStepGRPOTrainer` (which notes the rows) and its `rollout_func` (which samples)."""
 
-    def __init__(self, grammar_tokens: dict):
+    def __init__(self, grammar_tokens: dict, min_steps: int = 0):
         self.grammar_tokens = dict(grammar_tokens)
+        self.min_steps = min_steps  # plan rows before this step index must search (the agent's `min_steps`)
         self._grammars: list[str] | None = None
 
     def note(self, inputs: list[dict]) -> None:
         """The grammar of every row of the generation batch, in TRL's order (G rows per prompt)."""
-        self._grammars = [row_grammar(r["step_type"], r["kb_names"], self.grammar_tokens) for r in inputs]
+        self._grammars = self.grammars(inputs)
+
+    def grammars(self, inputs: list[dict]) -> list[str]:
+        """Each row's step grammar: its step type over its KB list, no stop branch before step `min_steps`."""
+        return [
+            row_grammar(r["step_type"], r["kb_names"], self.grammar_tokens,
+                        allow_stop=not self.min_steps or r["step_index"] >= self.min_steps)
+            for r in inputs
+        ]  # fmt: skip
 
     def rollout_func(self, prompts: list, trainer) -> dict:  # noqa: ANN001 - a GRPOTrainer
         grammars, self._grammars = self._grammars, None

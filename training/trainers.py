@@ -201,7 +201,7 @@ def build_grpo_trainer(cfg: StepGRPOConfig):
                             reward_funcs=rewards)  # fmt: skip
     from training.constrained_rollouts import ConstrainedRollouts, constrained_trainer_class
 
-    rollouts = ConstrainedRollouts(cfg.grammar_tokens)
+    rollouts = ConstrainedRollouts(cfg.grammar_tokens, min_steps=cfg.rollout_min_steps)
     logger.info("rollouts sampled under the step grammars of %s tokens", cfg.grammar_tokens)
     trainer = make_trainer(constrained_trainer_class(), cfg, model_path, processing_class, train_ds,
                            eval_dataset=eval_ds, reward_funcs=rewards, rollout_func=rollouts.rollout_func)  # fmt: skip

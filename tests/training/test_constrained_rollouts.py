@@ -27,6 +27,16 @@ def test_each_row_gets_the_grammar_of_its_step_type_and_kb_list():
     assert row_grammar("plan", kbs[::-1], BUDGETS) != plan  # the KB list (and its order) is the prompt's
 
 
+def test_rollout_min_steps_drops_the_stop_branch_on_early_plan_rows_only():
+    kbs = ["Text Retriever", "Clip Retriever"]
+    rows = [{"step_type": "plan", "kb_names": kbs, "step_index": i} for i in (0, 1)]
+    rows.append({"step_type": "final", "kb_names": kbs, "step_index": 0})
+    first, second, final = ConstrainedRollouts(BUDGETS, min_steps=1).grammars(rows)
+    assert first == row_grammar("plan", kbs, BUDGETS, allow_stop=False) != second
+    assert second == row_grammar("plan", kbs, BUDGETS) and final == row_grammar("final", kbs, BUDGETS)
+    assert ConstrainedRollouts(BUDGETS).grammars(rows)[0] == second  # min_steps 0: every plan row may stop
+
+
 def test_cut_at_eos_keeps_the_first_eos_and_nothing_after():
     assert cut_at_eos([5, 6, 2, 7, 2], [2]) == [5, 6, 2]
     assert cut_at_eos([5, 6], [2]) == [5, 6]
