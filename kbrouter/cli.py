@@ -66,6 +66,11 @@ def error_message(e: BaseException) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None and next((a for a in sys.argv[1:] if a != "--debug"), "") in COMMANDS:
+        # a console run of a job (not `main([...])` from Python): malloc with huge pages, see kbrouter/hugepages.py
+        from kbrouter.hugepages import reexec_with_hugepages
+
+        reexec_with_hugepages()
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get("KBROUTER_DEBUG", "") not in ("", "0")
     argv = [a for a in argv if a != "--debug"]
