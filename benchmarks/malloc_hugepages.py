@@ -68,7 +68,9 @@ def main() -> None:
     for name, row in rows.items():
         print(f"{name:16}" + "".join(f"{row[k]:16.2f}" for k in keys))
     base, huge = rows["default malloc"], rows["huge pages"]
-    print(f"{'ratio default/huge':16}" + "".join(f"{base[k] / huge[k]:16.2f}" if huge[k] else f"{'-':>16}" for k in keys))
+    print(
+        f"{'ratio default/huge':16}" + "".join(f"{base[k] / huge[k]:16.2f}" if huge[k] else f"{'-':>16}" for k in keys)
+    )
 
 
 if __name__ == "__main__":
