@@ -4,8 +4,10 @@ A CPU training step allocates and frees the same large activation tensors every 
 `mmap` and returns it on free, so the kernel faults in and zeroes every 4 KiB page again: the bf16 SFT of stop 28
 spent 1,380 of its 5,555 CPU seconds in the kernel (370 M minor page faults in 53 min). `glibc.malloc.hugetlb=1`
 (glibc >= 2.35) makes malloc ask for transparent huge pages on those chunks (`madvise`), one fault per 2 MiB.
-`python benchmarks/malloc_hugepages.py`, 10 SFT steps of the budget recipe on 2 cores: page faults 38.0 M -> 0.43 M,
-kernel time 178 -> 121 s, 1.25x the steps/s (29.4 -> 23.6 s a step).
+`python benchmarks/cpu_train_speed.py --sft_steps 8 --grpo_steps 3` (the budget recipes, 2 cores): SFT page faults
+31.4 M -> 0.31 M, kernel time 136 -> 91 s, 27.3 -> 23.3 s a step (1.17x); Step-GRPO 98.8 -> 84.3 s a step (1.17x).
+Generation hardly pays the cost: `kbrouter eval` of the shipped agent on the 15 video questions took 53.7 / 48.5 s
+without and 52.4 / 46.8 s with it (two runs each), with the same predictions.
 
 The tunable is read when the process starts, so it cannot be set from Python: the console script re-executes itself
 (same PID, same argv) with it added to `GLIBC_TUNABLES`. Off with `KBROUTER_HUGEPAGES=0`; a `GLIBC_TUNABLES` that
