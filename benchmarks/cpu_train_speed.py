@@ -17,6 +17,7 @@ Adapters go to a temporary folder that is removed afterwards. Run it on a quiet 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import resource
@@ -26,13 +27,21 @@ import tempfile
 import time
 from pathlib import Path
 
+from retrievers.config_file import load_yaml
+
 STEP_RE = re.compile(r"step (\d+) took ([0-9.]+) s")
 SFT = "configs/train/smollm2_router_sft_budget_lora_cpu.yaml"
 GRPO = "configs/train/smollm2_router_grpo_budget_lora_cpu.yaml"
-NO_DROPOUT = {
-    "sft": ["--lora", "{r: 16, alpha: 32, dropout: 0.0, target_modules: all-linear}"],
-    "grpo": ["--disable_dropout", "true"],
-}
+
+
+def no_dropout_args(kind: str, config: str) -> list[str]:
+    """Overrides that turn LoRA dropout off: the SFT recipe's own `lora` with dropout 0, or TRL's `disable_dropout`."""
+    if kind == "grpo":
+        return ["--disable_dropout", "true"]
+    lora = load_yaml(config).get("lora")
+    if not lora:
+        raise SystemExit(f"{config}: no `lora` block, so there is no LoRA dropout to turn off; pass a LoRA SFT recipe")
+    return ["--lora", json.dumps({**lora, "dropout": 0.0})]  # JSON is YAML: the override parser reads it
 
 
 def run_train(kind: str, config: str, steps: int, hugepages: bool, extra: list[str], out: Path) -> dict[str, float]:
@@ -85,7 +94,7 @@ def main() -> None:
             variants = {
                 "default malloc": (False, []),
                 "huge pages": (True, []),
-                "huge pages, no LoRA dropout": (True, NO_DROPOUT[kind]),
+                "huge pages, no LoRA dropout": (True, no_dropout_args(kind, config)),
             }
             rows = {
                 name: run_train(kind, config, steps, huge, extra, Path(tmp) / f"{kind}_{i}")

@@ -66,11 +66,7 @@ def error_message(e: BaseException) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    if argv is None and next((a for a in sys.argv[1:] if a != "--debug"), "") in COMMANDS:
-        # a console run of a job (not `main([...])` from Python): malloc with huge pages, see kbrouter/hugepages.py
-        from kbrouter.hugepages import reexec_with_hugepages
-
-        reexec_with_hugepages()
+    from_console = argv is None  # `main([...])` from Python never re-executes the process
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get("KBROUTER_DEBUG", "") not in ("", "0")
     argv = [a for a in argv if a != "--debug"]
@@ -81,6 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"kbrouter: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
+    if from_console:  # a job from the console: malloc with huge pages (kbrouter/hugepages.py)
+        from kbrouter.hugepages import reexec_with_hugepages
+
+        reexec_with_hugepages()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     module, func, _ = COMMANDS[name]
     try:
