@@ -27,8 +27,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from retrievers.config_file import load_yaml
-
 STEP_RE = re.compile(r"step (\d+) took ([0-9.]+) s")
 SFT = "configs/train/smollm2_router_sft_budget_lora_cpu.yaml"
 GRPO = "configs/train/smollm2_router_grpo_budget_lora_cpu.yaml"
@@ -38,7 +36,9 @@ def no_dropout_args(kind: str, config: str) -> list[str]:
     """Overrides that turn LoRA dropout off: the SFT recipe's own `lora` with dropout 0, or TRL's `disable_dropout`."""
     if kind == "grpo":
         return ["--disable_dropout", "true"]
-    lora = load_yaml(config).get("lora")
+    from training.config import read_recipe  # imports TRL: only when a LoRA SFT recipe is timed
+
+    lora = read_recipe(config).get("lora")
     if not lora:
         raise SystemExit(f"{config}: no `lora` block, so there is no LoRA dropout to turn off; pass a LoRA SFT recipe")
     return ["--lora", json.dumps({**lora, "dropout": 0.0})]  # JSON is YAML: the override parser reads it

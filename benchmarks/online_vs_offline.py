@@ -181,13 +181,12 @@ def main() -> None:
 
     from router_stages import mean_se
 
-    from retrievers.config_file import load_yaml
-    from training.config import RewardSpec
+    from training.config import RewardSpec, read_recipe
     from training.rewards import build_reward
     from training.step_data import load_step_records
 
     synth = REPO / args.synth
-    recipe = load_yaml(REPO / OFFLINE)
+    recipe = read_recipe(REPO / OFFLINE)
     tmp = Path(tempfile.mkdtemp(prefix="online_vs_offline_"))
     start = ["--init_adapter", str(REPO / args.sft)]
     figs = {

@@ -156,13 +156,12 @@ def main() -> None:
     args = ap.parse_args()
 
     from agent.backends.hf import TransformersPolicy
-    from retrievers.config_file import load_yaml
-    from training.config import RewardSpec
+    from training.config import RewardSpec, read_recipe
     from training.rewards import build_reward
     from training.step_data import load_step_records
     from training.step_dataset import build_step_dataset
 
-    recipe = load_yaml(REPO / args.recipe)  # the recipes' own dialect (`1e-4` a float)
+    recipe = read_recipe(REPO / args.recipe)  # the recipes' own dialect (`1e-4` a float), `base:` applied
     specs = [RewardSpec.from_dict(d) for d in recipe["rewards"]]
     funcs = [build_reward(s.name, **{**s.kwargs, "gate": True} if s.name != "format" else s.kwargs) for s in specs]
     weights = [s.weight for s in specs]

@@ -3,7 +3,8 @@
 `StepGRPOConfig(trl.GRPOConfig)` and `StepSFTConfig(trl.SFTConfig)` add the step-data and model fields kbrouter
 owns (`StepDataArgs`, a plain field mixin) and, for GRPO, the reward recipe. A YAML file gives the values and
 `--key value` flags override them, through TRL's `TrlParser` (`recipe_parser`, `load_config`); an unknown key is an
-error naming it.
+error naming it. A recipe may start from another with `base: <file>` (`read_recipe`): a variant names only what
+it changes.
 
 `rewards` and `lora` stay plain dicts/lists of dicts in the dataclass so TRL can serialise the arguments into
 checkpoints; `__post_init__` validates them (unknown reward names, bad weights) before anything loads, and
@@ -23,7 +24,7 @@ from pathlib import Path
 import yaml
 from trl import GRPOConfig, SFTConfig, TrlParser
 
-from retrievers.config_file import NEW_FORM, check_keys, field_names, load_yaml
+from retrievers.config_file import NEW_FORM, check_keys, field_names, load_yaml, resolve_path
 from retrievers.config_file import yaml_loads as _yaml_load  # the one YAML dialect (`no` a string, `1e-4` a float)
 from training.rewards import REWARDS, STEP_TYPES
 from training.step_data import FORMATS
@@ -396,31 +397,72 @@ def _flag_error(unparsed: list[str], cls: type, path: Path | None) -> ValueError
     return ValueError(f"unknown key {key!r} in the overrides (recipe {path}){hint}")
 
 
+BASE_KEY = "base"
+
+
+def read_recipe(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict:
+    """A recipe's values, with its `base:` chain applied: the values of the recipe it names, then its own on top.
+
+    `base:` names another recipe file, relative to this recipe's folder (e.g. `base: smollm2_router_grpo_lora_cpu.yaml`)
+    or absolute. A key of the recipe replaces the base's value whole (a mapping too, so `max_per_dataset` is given in
+    full); a key set to `null` drops the base's value, so the field's default applies (`lora: null` under a base that
+    has one). A base may have a base of its own.
+
+    Raises:
+        FileNotFoundError: the recipe, or a base it names, does not exist (the message names both files).
+        ValueError: not a mapping, `base:` not a file name, or a chain of bases that returns to a recipe in it.
+    """
+    path = Path(path)
+    if not path.is_file():
+        if _chain:
+            raise FileNotFoundError(f"{_chain[-1]}: base recipe not found: {path} (`{BASE_KEY}:` is relative to the "
+                                    "recipe's folder)")  # fmt: skip
+        raise FileNotFoundError(f"recipe not found: {path}")
+    values = load_yaml(path, _yaml_load) or {}
+    if not isinstance(values, dict):
+        raise ValueError(f"{path}: a recipe is a mapping of keys to values")
+    if BASE_KEY not in values:
+        return values
+    base = values.pop(BASE_KEY)
+    if not isinstance(base, str) or not base.strip():
+        raise ValueError(f"{path}: `{BASE_KEY}:` names another recipe file (e.g. `{BASE_KEY}: other_recipe.yaml`, "
+                         f"relative to this recipe's folder), got {base!r}")  # fmt: skip
+    here = path.resolve()
+    base_path = resolve_path(base, here.parent)
+    if base_path.resolve() in (*_chain, here):
+        cycle = " -> ".join(str(p) for p in (*_chain, here, base_path.resolve()))
+        raise ValueError(f"{path}: `{BASE_KEY}: {base}` makes a cycle of recipes ({cycle}); remove one `{BASE_KEY}:`")
+    merged = read_recipe(base_path, (*_chain, here))
+    for key, value in values.items():
+        if value is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = value
+    return merged
+
+
 def load_config(command: str, path: str | Path | None, overrides: list[str] | None = None):
     """Build the config of `command` (`sft` or `grpo`) from a YAML recipe and `--key value` overrides.
 
-    The recipe is read in the project's YAML dialect (`retrievers.config_file.yaml_loads`: only `true`/`false` are
-    booleans, `1e-4` is a float) and its values become the defaults of `recipe_parser`'s flags
-    (`TrlParser.set_defaults_with_config`); TRL's `HfArgumentParser` then parses the overrides and builds the
-    dataclass, which validates itself. `TrlParser.parse_args_and_config` is not called because it reads the file with
-    `yaml.safe_load` (`save_strategy: no` would be False) and exports an `env:` section into `os.environ`. Paths are
-    kept as written (relative to the working directory), as before.
+    The recipe (with its `base:` chain, `read_recipe`) is read in the project's YAML dialect
+    (`retrievers.config_file.yaml_loads`: only `true`/`false` are booleans, `1e-4` is a float) and its values become
+    the defaults of `recipe_parser`'s flags (`TrlParser.set_defaults_with_config`); TRL's `HfArgumentParser` then
+    parses the overrides and builds the dataclass, which validates itself. `TrlParser.parse_args_and_config` is not
+    called because it reads the file with `yaml.safe_load` (`save_strategy: no` would be False) and exports an `env:`
+    section into `os.environ`. Paths are kept as written (relative to the working directory), as before; only `base:`
+    is relative to the recipe's folder.
 
     Raises:
         ValueError: an unknown key (naming it, the file and the closest valid keys), a bad value (naming the flag and
             where it came from), or values the config rejects.
-        FileNotFoundError: the recipe does not exist.
+        FileNotFoundError: the recipe, or a base it names, does not exist.
     """
     parser = recipe_parser(command)
     cls = CONFIGS[command]
     values: dict = {}
     if path is not None:
         path = Path(path)
-        if not path.exists():
-            raise FileNotFoundError(f"recipe not found: {path}")
-        values = load_yaml(path, _yaml_load) or {}
-        if not isinstance(values, dict):
-            raise ValueError(f"{path}: a recipe is a mapping of keys to values")
+        values = read_recipe(path)
         check_keys(cls, values, str(path))  # TRL's own message would name neither the file nor the closest key
         parser.set_defaults_with_config(**values)
     tokens = list(overrides or [])

@@ -1,7 +1,8 @@
 """`load_config` on TRL's `TrlParser` gives every recipe the values the loader before it gave (issue 12, 1.1).
 
 `_previous_load` is that loader as it was at 4bcba38 (the project's YAML dialect, `--key value` overrides read by
-`retrievers.config_file.parse_overrides`, then `cls(**values)`), kept here as the reference the new path is pinned to.
+`retrievers.config_file.parse_overrides`, then `cls(**values)`), kept here as the reference the new path is pinned to;
+a recipe's `base:` chain (`read_recipe`, tested at the end of this file) is applied before either.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pytest
 
 from retrievers.config_file import parse_overrides, yaml_loads
 from training.cli import main
-from training.config import CONFIGS, load_config
+from training.config import CONFIGS, load_config, read_recipe
 
 from .conftest import CPU_GRPO_RECIPE, CPU_SFT_RECIPE, REPO
 
@@ -23,7 +24,7 @@ RECIPES = sorted((REPO / "configs" / "train").glob("*.yaml"))
 
 
 def _previous_load(command: str, path: Path, overrides: list[str]):
-    values = yaml_loads(path.read_text())
+    values = read_recipe(path) if "\nbase:" in path.read_text() else yaml_loads(path.read_text())
     values.update({key.replace("-", "_"): value for key, value in parse_overrides(overrides)})
     return CONFIGS[command](**values)
 
@@ -144,3 +145,70 @@ def test_train_help_lists_every_field(capsys):
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
     assert "kbrouter train grpo" in out and "--num_generations" in out and "--rewards" in out and "--config" in out
+
+
+# --- `base:`: a recipe that names only what it changes ---
+
+
+def _write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_a_variant_is_its_base_with_its_own_keys_on_top(tmp_path, monkeypatch):
+    # the base lives in another folder, and the command runs from a third: `base:` is relative to the recipe's folder
+    _write(tmp_path / "recipes" / "base.yaml", CPU_GRPO_RECIPE.read_text() + "init_adapter: runs/sft\n"
+           "max_per_step_type: {plan: 3, final: 2}\n")  # fmt: skip
+    variant = _write(tmp_path / "recipes" / "variants" / "v.yaml", "base: ../base.yaml\nlearning_rate: 2e-5\n"
+                     "max_per_step_type: {plan: 5}\ninit_adapter: null\n")  # fmt: skip
+    monkeypatch.chdir(tmp_path / "recipes" / "variants")
+    got = load_config("grpo", variant.name)
+    want = load_config("grpo", CPU_GRPO_RECIPE, ["--learning_rate", "2e-5", "--max_per_step_type", "{plan: 5}"])
+    assert got.learning_rate == 2e-5 and got.beta == 0.01  # its own key, and the base's
+    assert got.max_per_step_type == {"plan": 5}  # a mapping is replaced whole, not merged
+    assert got.init_adapter is None  # `null` dropped the base's value: the field's default
+    assert _values(got) == _values(want)
+
+
+def test_a_base_may_have_a_base(tmp_path):
+    _write(tmp_path / "a.yaml", CPU_SFT_RECIPE.read_text())
+    _write(tmp_path / "b.yaml", "base: a.yaml\nlearning_rate: 3e-5\nseed: 7\n")
+    c = _write(tmp_path / "c.yaml", "base: b.yaml\nseed: 9\n")
+    assert read_recipe(c) == {**yaml_loads(CPU_SFT_RECIPE.read_text()), "learning_rate": 3e-5, "seed": 9}
+    cfg = load_config("sft", c, ["--max_steps", "2"])
+    assert (cfg.learning_rate, cfg.seed, cfg.max_steps) == (3e-5, 9, 2)
+
+
+@pytest.mark.parametrize(
+    ("files", "error", "match"),
+    [
+        ({"v.yaml": "base: gone.yaml\n"}, FileNotFoundError, r"v\.yaml: base recipe not found: .*gone\.yaml .*folder"),
+        ({"v.yaml": "base: w.yaml\n", "w.yaml": "base: v.yaml\n"}, ValueError, r"makes a cycle of recipes"),
+        ({"v.yaml": "base: v.yaml\n"}, ValueError, r"v\.yaml: `base: v\.yaml` makes a cycle"),
+        ({"v.yaml": "base: 3\n"}, ValueError, r"v\.yaml: `base:` names another recipe file .* got 3"),
+        ({"v.yaml": "base: w.yaml\n", "w.yaml": "- a list\n"}, ValueError, r"w\.yaml: a recipe is a mapping"),
+        (
+            {"v.yaml": "base: w.yaml\nnum_generatons: 4\n", "w.yaml": "seed: 1\n"},
+            ValueError,
+            r"unknown key 'num_generatons' in .*v\.yaml",
+        ),
+    ],
+)
+def test_bad_bases_name_the_culprit(tmp_path, files, error, match):
+    for name, text in files.items():
+        _write(tmp_path / name, text)
+    with pytest.raises(error, match=match):
+        load_config("grpo", tmp_path / "v.yaml")
+
+
+def test_the_shipped_variants_name_only_what_they_change():
+    """The stop-30/31 Step-GRPO variants are pool3's recipe plus a few keys, and load as their full copies did."""
+    pool3 = read_recipe(REPO / "configs/train/smollm2_router_grpo_pool3_lora_cpu.yaml")
+    for name, changed in {"pool4": {"init_adapter", "step_types", "sample_seed", "max_per_dataset",
+                                    "max_per_step_type", "output_dir", "learning_rate"},
+                          "pool5": {"init_adapter", "output_dir"},
+                          "pool6": {"init_adapter", "sample_seed", "output_dir"}}.items():  # fmt: skip
+        variant = read_recipe(REPO / f"configs/train/smollm2_router_grpo_{name}_lora_cpu.yaml")
+        assert {k for k in variant if variant[k] != pool3.get(k)} == changed, name
+        assert variant.keys() == pool3.keys(), name
