@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from retrievers.config_file import yaml_loads
 from training.cli import main
 from training.config import load_config, read_recipe
 
@@ -35,7 +34,6 @@ def test_every_recipe_parses(recipe: Path):  # line 1 (the command): tests/test_
     # but what the CPU flags override and `report_to`, which TRL turns into a list; a variant's keys are its `base:`
     # recipe's with its own on top
     written = read_recipe(recipe)
-    assert written == yaml_loads(recipe.read_text()) or "\nbase:" in recipe.read_text()
     got = {k: getattr(cfg, k) for k in written if not (cpu and k in ("bf16", "use_cpu"))}
     got = {k: v.value if isinstance(v, enum.Enum) else v for k, v in got.items()}
     report_to = written.get("report_to")

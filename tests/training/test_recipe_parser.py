@@ -24,7 +24,7 @@ RECIPES = sorted((REPO / "configs" / "train").glob("*.yaml"))
 
 
 def _previous_load(command: str, path: Path, overrides: list[str]):
-    values = read_recipe(path) if "\nbase:" in path.read_text() else yaml_loads(path.read_text())
+    values = read_recipe(path)  # the YAML as written, with its `base:` chain applied
     values.update({key.replace("-", "_"): value for key, value in parse_overrides(overrides)})
     return CONFIGS[command](**values)
 
@@ -169,6 +169,11 @@ def test_a_variant_is_its_base_with_its_own_keys_on_top(tmp_path, monkeypatch):
     assert got.max_per_step_type == {"plan": 5}  # a mapping is replaced whole, not merged
     assert got.init_adapter is None  # `null` dropped the base's value: the field's default
     assert _values(got) == _values(want)
+
+
+@pytest.mark.parametrize("recipe", [r for r in RECIPES if "\nbase:" not in r.read_text()], ids=lambda p: p.name)
+def test_a_recipe_without_a_base_reads_as_its_yaml(recipe: Path):
+    assert read_recipe(recipe) == yaml_loads(recipe.read_text())
 
 
 def test_a_base_may_have_a_base(tmp_path):
