@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.backends.factory import BACKENDS, PolicyConfig
+from agent.loop import AgentConfig
+from agent.protocol import DEFAULT_PROMPT, PromptSettings
 from retrievers.config_file import check_keys, load_config_file
 
 INPUT_FORMATS = ("generic", "shared_text", "r1router", "tabfact", "wtq", "coco", "video", "r1router_steps")
@@ -158,6 +160,14 @@ class SynthConfig:
     max_retries: int = field(default=1, metadata={"help": "format re-asks per step"})
     require_think: bool = True
     few_shot: bool = True
+    # The agent settings a trained router is run with (`agent.loop.AgentConfig`), so that a job can roll out the
+    # shipped router itself as the teacher (self-distillation: `configs/synth/self_rft_cpu.yaml`) exactly as it runs
+    # at inference. Step records are rendered with `evidence_chars` too: they show the evidence the teacher read.
+    # off by default: a teacher writes freely and rejection judges the result (what every recipe did before stop 32,
+    # when the retry wrapper hid the backend's structured output); `on` bounds each field to the token budgets
+    constrained: str = field(default="off", metadata={"help": "decode inside the step grammar: on | off | auto"})
+    min_steps: int = field(default=0, metadata={"help": "searches before the teacher may stop"})
+    evidence_chars: int = field(default=DEFAULT_PROMPT.evidence_chars, metadata={"help": "longest evidence per hit"})
     seed: int = field(default=0, metadata={"help": "base seed; each batch's seed derives from it and its first id"})
     questions_per_batch: int = field(default=8, metadata={"help": "questions per lockstep batch (x m trajectories)"})
     output_dir: str = field(default="runs/synth", metadata={"help": "output folder (shards go under shards/)"})
@@ -218,18 +228,42 @@ class SynthConfig:
                              f"use 0..{self.num_shards - 1}")  # fmt: skip
         if self.export_format not in EXPORT_FORMATS:
             raise ValueError(f"unknown export_format {self.export_format!r}; use one of {EXPORT_FORMATS}")
+        try:  # the agent settings are checked now (constrained, min_steps, evidence_chars)
+            self.agent_config(self.seed)
+        except ValueError as e:
+            raise ValueError(f"the teacher's step loop: {e} (recipe keys `constrained`, `min_steps`, ...)") from None
+
+    def agent_config(self, seed: int) -> AgentConfig:
+        """The teacher's step loop, seeded per batch (`job.batch_seed`)."""
+        return AgentConfig(
+            max_steps=self.max_steps, top_k=self.top_k_hits, max_retries=self.max_retries,
+            plan_tokens=self.plan_tokens, answer_tokens=self.answer_tokens, final_tokens=self.final_tokens,
+            temperature=self.temperature, top_p=self.top_p, top_k_sampling=self.top_k, seed=seed,
+            require_think=self.require_think, few_shot=self.few_shot, constrained=self.constrained,
+            min_steps=self.min_steps, evidence_chars=self.evidence_chars,
+        )  # fmt: skip
+
+    @property
+    def step_prompt(self) -> PromptSettings:
+        """How step records render their prompts: no worked example (the trained router's inference prompts),
+        whatever the teacher was shown, and the evidence length the teacher read."""
+        return PromptSettings(few_shot=False, evidence_chars=self.evidence_chars)
 
     def result_hash(self) -> str:
         """Hash of every setting that changes which records a batch produces (not shard, output or logging)."""
         skip = {"shard", "output_dir", "progress", "log_level", "build_kbs"}
         d = {k: v for k, v in dataclasses.asdict(self).items() if k not in skip}
         d["teacher"] = {k: v for k, v in d["teacher"].items() if k not in ("retries", "backoff_s", "max_batch_size")}
+        for key, default in NEW_AT_DEFAULT.items():  # runs started before these keys existed keep their hash
+            if d[key] == default:
+                del d[key]
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
 
+NEW_AT_DEFAULT = {"constrained": "off", "min_steps": 0, "evidence_chars": DEFAULT_PROMPT.evidence_chars}
 PATH_KEYS = ("inputs.*.path", "inputs.*.image_root", "inputs.*.exclude_split", "kb_config")  # YAML-relative
 
 

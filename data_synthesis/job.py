@@ -34,7 +34,7 @@ from pathlib import Path
 
 from agent.backends.base import Policy
 from agent.kbs import KnowledgeBase
-from agent.loop import AgentConfig, StepAgent
+from agent.loop import StepAgent
 from agent.types import Question
 from data_synthesis.commit_log import MANIFEST, OUTPUTS, PROGRESS, SKIPPED, atomic_write, restore
 from data_synthesis.config import ANNOTATION, SynthConfig
@@ -73,15 +73,6 @@ def load_kbs(cfg: SynthConfig) -> dict[str, KnowledgeBase]:
     if not any(files):
         raise ValueError("`kb_config` is empty; set e.g. `kb_config: ../kb/demo.yaml` in the recipe")
     return load_knowledge_bases(files, only=cfg.kbs, build=cfg.build_kbs)
-
-
-def agent_config(cfg: SynthConfig, seed: int) -> AgentConfig:
-    return AgentConfig(
-        max_steps=cfg.max_steps, top_k=cfg.top_k_hits, max_retries=cfg.max_retries, plan_tokens=cfg.plan_tokens,
-        answer_tokens=cfg.answer_tokens, final_tokens=cfg.final_tokens, temperature=cfg.temperature,
-        top_p=cfg.top_p, top_k_sampling=cfg.top_k, seed=seed, require_think=cfg.require_think,
-        few_shot=cfg.few_shot,
-    )  # fmt: skip
 
 
 def expand(batch: Sequence[Question], m: int) -> list[Question]:
@@ -168,7 +159,7 @@ def run_synthesis(cfg: SynthConfig, policy: Policy | None = None, kbs: dict[str,
                 if annotator is not None:
                     trajectories = annotator.run_batch(batches[b])
                 else:
-                    agent = StepAgent(policy, kbs, agent_config(cfg, batch_seed(cfg.seed, batches[b][0].id)))
+                    agent = StepAgent(policy, kbs, cfg.agent_config(batch_seed(cfg.seed, batches[b][0].id)))
                     trajectories = agent.run_batch(expand(batches[b], cfg.m))
                 rows: dict[str, list[dict]] = {name: [] for name in OUTPUTS}
                 n_acc = 0
@@ -179,7 +170,7 @@ def run_synthesis(cfg: SynthConfig, policy: Policy | None = None, kbs: dict[str,
                         if v.accepted:
                             n_acc += 1
                             rows["trajectories.jsonl"].append(d)
-                            rows["steps.jsonl"] += step_records(traj, kb_menu, kbs.values())
+                            rows["steps.jsonl"] += step_records(traj, kb_menu, kbs.values(), cfg.step_prompt)
                         else:
                             rows["rejected.jsonl"].append({
                                 "id": traj.id, "question_id": traj.metadata["question_id"],

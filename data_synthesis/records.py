@@ -2,8 +2,9 @@
 
 `steps.jsonl` holds `agent.step_records.StepRecord`s (one line per step prompt: plan / answer / final, with the chat
 messages, images and gold target), cut by `agent.step_records.records_from_trajectory`, i.e. exactly what
-`kbrouter train` reads (`train_format: steps`). The prompts are rendered with `STEP_PROMPT` (no worked example,
-whatever the teacher was shown), the prompts the trained router sees at inference; each record stores them.
+`kbrouter train` reads (`train_format: steps`). The prompts are rendered with the job's `SynthConfig.step_prompt`: no
+worked example, whatever the teacher was shown (the prompts the trained router sees at inference), and the evidence
+length the teacher read; each record stores them.
 
 The export (`export/steps.parquet`, `export/trajectories.parquet`, or `save_to_disk` folders) flattens the records
 to Arrow-friendly columns: every message's content becomes a list of `{type, text, image}` parts, the gold a
@@ -27,7 +28,9 @@ logger = logging.getLogger(__name__)
 STEP_PROMPT = PromptSettings(few_shot=False)  # training prompts = the trained router's inference prompts
 
 
-def step_records(traj: Trajectory, kbs: list[tuple[str, str]], ids: Iterable[NamedKB]) -> list[dict]:
+def step_records(
+    traj: Trajectory, kbs: list[tuple[str, str]], ids: Iterable[NamedKB], settings: PromptSettings = STEP_PROMPT
+) -> list[dict]:
     """The step records of one accepted trajectory as dicts (`StepRecord.to_dict`).
 
     A trajectory's steps name their KB by `KnowledgeBase.name` (as hits do); a plan record's gold `kb` is the
@@ -38,12 +41,13 @@ def step_records(traj: Trajectory, kbs: list[tuple[str, str]], ids: Iterable[Nam
         traj: an accepted trajectory (with gold).
         kbs: `(display_name, description)` of the KBs the plan prompts list.
         ids: the loaded KBs (`kbs.values()` of the job's `dict[str, KnowledgeBase]`).
+        settings: how the prompts are rendered (the job's `SynthConfig.step_prompt`).
 
     Raises:
         ValueError: a step's KB is not one of `ids` (named with the trajectory and step).
     """
     out = []
-    for r in records_from_trajectory(traj, kbs, STEP_PROMPT, ids):
+    for r in records_from_trajectory(traj, kbs, settings, ids):
         d = r.to_dict()
         d["metadata"] = {**d["metadata"], "dataset": traj.metadata.get("dataset", ""),
                          "question_id": traj.metadata.get("question_id", traj.id),

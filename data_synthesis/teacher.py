@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from agent.backends.base import BackendError, Completion, Message, Policy, SamplingParams
+from agent.backends.base import BackendError, Completion, Message, Policy, SamplingParams, supports_grammar
 from data_synthesis.config import TeacherSpec
 from retrievers.retry import RetryPolicy, http_status, is_retryable
 
@@ -61,6 +61,8 @@ class RetryingPolicy:
                  sleep: Callable[[float], None] = time.sleep) -> None:  # fmt: skip
         self.inner = inner
         self.name = inner.name
+        # retries change nothing about what is decoded: a teacher that enforces step grammars still does
+        self.supports_grammar = supports_grammar(inner)
         self.retry = RetryPolicy.from_retries(retries, backoff_s)
         self._sleep = sleep
         self.failures = 0  # failed attempts seen (logged in the summary)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 from pathlib import Path
 
@@ -55,11 +57,30 @@ def test_overrides(overrides, check):
         ({"teacher": {"retries": "3"}}, r"teacher.`retries` must be an integer"),
         ({"inputs": [{"path": "x", "limit": "ten"}]}, r"input 'x': `limit` must be an integer or null"),
         ({"rejection": {"max_steps": True}}, r"rejection.`max_steps` must be an integer or null"),
+        # the teacher's step loop (agent.loop.AgentConfig), checked when the recipe loads
+        ({"constrained": "maybe"}, r"teacher's step loop: .*constrained must be one of"),
+        ({"max_steps": 2, "min_steps": 3}, r"teacher's step loop: min_steps must be in \[0, max_steps=2\]"),
+        ({"evidence_chars": 0}, r"teacher's step loop: agent.evidence_chars must be >= 1"),
     ],
 )
 def test_bad_config_names_the_problem(values, message):
     with pytest.raises(ValueError, match=message):
         SynthConfig(**values)
+
+
+def test_the_teachers_agent_settings_reach_its_step_loop_and_the_hash():
+    cfg = load_config(ROOT / "configs" / "synth" / "self_rft_cpu.yaml")
+    agent = cfg.agent_config(seed=7)
+    assert (agent.constrained, agent.min_steps, agent.evidence_chars, agent.few_shot) == ("on", 1, 250, False)
+    assert agent.seed == 7 and cfg.step_prompt.evidence_chars == 250 and not cfg.step_prompt.few_shot
+    base = load_config(ROOT / "configs" / "synth" / "smollm2_cpu.yaml")
+    # at their defaults the keys added in stop 32 leave the hash alone: runs started before them still resume
+    old = {k: v for k, v in dataclasses.asdict(base).items() if k not in {"shard", "output_dir", "progress",
+           "log_level", "build_kbs", "constrained", "min_steps", "evidence_chars"}}  # fmt: skip
+    old["teacher"] = {k: v for k, v in old["teacher"].items() if k not in ("retries", "backoff_s", "max_batch_size")}
+    assert base.result_hash() == hashlib.sha256(json.dumps(old, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    for key, value in (("constrained", "auto"), ("min_steps", 1), ("evidence_chars", 250)):
+        assert dataclasses.replace(base, **{key: value}).result_hash() != base.result_hash(), key
 
 
 def test_m_abc_on_the_command_line_is_one_clear_error():

@@ -164,3 +164,39 @@ def test_resume_refuses_another_recipe(strict_run, tmp_path):
     cfg["m"] = 3
     with pytest.raises(ValueError, match="another recipe"):
         run_synthesis(SynthConfig(**cfg), policy=case_teacher(), kbs=teacher_kbs())
+
+
+class GrammarTeacher:
+    """The case-scripted teacher as a backend with structured output: it records the grammar of every call."""
+
+    name = "scripted-grammar"
+    supports_grammar = True
+
+    def __init__(self) -> None:
+        self.inner, self.grammars = case_teacher(), []
+
+    def generate(self, conversations, params):
+        self.grammars.append(params.grammar)
+        return self.inner.generate(conversations, params)
+
+
+def test_the_teacher_runs_with_the_recipes_agent_settings(tmp_path):
+    """Self-distillation: a router as its own teacher, constrained and with the evidence length it is run with.
+
+    Before stop 32 the retry wrapper hid the backend's structured output, so `constrained: on` failed before any
+    generation and `auto` silently decoded free; and step records re-rendered evidence at 1,200 characters whatever
+    the teacher had read.
+    """
+    qfile = teacher_questions(tmp_path / "q.jsonl", cases=("ok",))
+    cfg = SynthConfig(inputs=[{"path": str(qfile), "dataset": "toy"}], m=1, temperature=0.0, max_steps=2,
+                      output_dir=str(tmp_path / "out"), constrained="on", min_steps=1, evidence_chars=20,
+                      few_shot=False, teacher={"retries": 0}, progress=False, export_format="none")  # fmt: skip
+    teacher = GrammarTeacher()
+    summary = run_synthesis(cfg, policy=teacher, kbs=teacher_kbs())
+    assert summary["accepted"] == 1
+    assert teacher.grammars and all(g for g in teacher.grammars)  # every step decoded inside a grammar
+    records = read(tmp_path / "out" / "steps.jsonl")
+    assert {r["prompt_settings"]["evidence_chars"] for r in records} == {20}
+    answer = next(r for r in records if r["step_type"] == "answer")
+    evidence = answer["messages"][-1]["content"]
+    assert TEACHER_EVIDENCE[:20].rstrip() + " …" in evidence and TEACHER_EVIDENCE not in evidence

@@ -113,3 +113,13 @@ def test_an_openai_teacher_retries_its_requests_with_the_teacher_settings():
                        backoff_s=0.25)  # fmt: skip
     teacher = build_teacher(spec)
     assert teacher.inner.retry == RetryPolicy(attempts=2, backoff_s=0.25) == teacher.retry
+
+
+def test_the_wrapper_keeps_the_teachers_structured_output():
+    """`agent.constrained` asks the policy it is given; the retry wrapper must not hide a grammar backend."""
+
+    class WithGrammar(Flaky):
+        supports_grammar = True
+
+    assert RetryingPolicy(WithGrammar()).supports_grammar is True
+    assert RetryingPolicy(Flaky()).supports_grammar is False
