@@ -84,13 +84,24 @@ def main(argv: list[str] | None = None) -> int:
         f"methods: {len(results['methods'])}, datasets run: {len(results['per_dataset'])}, "  # noqa: T201
         f"skipped: {skipped or 'none'}"
     )
+    for line in summary_lines(results):
+        print(line)  # noqa: T201
+    return 0
+
+
+def summary_lines(results: dict) -> list[str]:
+    """One line per method with the scoreboard's headline figures: report.md's first table, the macro average over
+    dataset groups (each group the mean of its datasets), not the plain mean over datasets (`results["macro"]`)."""
+    grouped = bool(results.get("macro_over_groups"))
+    table = results["macro_over_groups"] if grouped else results["macro"]
+    lines = ["macro average over groups (report.md's first table):" if grouped else "mean over datasets:"]
     for m in results["methods"]:
-        r = results["macro"][m]
+        r = table[m]
         if "run/error" not in r:
-            print(f"  {m:<22} (no predictions yet)")  # noqa: T201
+            lines.append(f"  {m:<22} (no predictions yet)")
             continue
-        print(
-            f"  {m:<22} F1-R {100 * r.get('answer/f1_recall', 0):5.1f}  EM {100 * r.get('answer/em', 0):5.1f}  "  # noqa: T201
+        lines.append(
+            f"  {m:<22} F1-R {100 * r.get('answer/f1_recall', 0):5.1f}  EM {100 * r.get('answer/em', 0):5.1f}  "
             f"steps {r.get('cost/steps', 0):.2f}  tok {r.get('cost/gen_tokens', 0):.0f}"
             + (
                 f"  errors {100 * r['run/error']:.1f}% (left out of the scores; rerun to retry them)"
@@ -98,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
                 else ""
             )
         )
-    return 0
+    return lines
 
 
 if __name__ == "__main__":

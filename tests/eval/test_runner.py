@@ -395,3 +395,18 @@ def test_a_report_only_run_names_the_kbs_of_kb_config_without_building_them(
     assert _without_latency(report) == _without_latency(computed)
     assert set(report["macro"]) == {"no_retrieval", "rag_wiki", "rag_tables"}  # the methods the KB names expand to
     assert not (tmp_path / "i1").exists() and not (tmp_path / "i2").exists()  # no index was built
+
+
+def test_the_cli_summary_prints_the_scoreboards_headline_macro():
+    """The printed F1-R is report.md's first table (groups weigh equally), not the plain mean over datasets."""
+    from eval.cli import summary_lines
+
+    row = {"run/error": 0.0, "cost/steps": 1.0, "cost/gen_tokens": 10}
+    results = {
+        "methods": ["a", "b"],
+        "macro": {"a": {**row, "answer/f1_recall": 0.2, "answer/em": 0.1}, "b": {}},
+        "macro_over_groups": {"a": {**row, "answer/f1_recall": 0.3, "answer/em": 0.25}, "b": {}},
+    }
+    lines = summary_lines(results)
+    assert "over groups" in lines[0]
+    assert "F1-R  30.0  EM  25.0" in lines[1] and "no predictions yet" in lines[2]
