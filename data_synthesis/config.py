@@ -160,11 +160,10 @@ class SynthConfig:
     max_retries: int = field(default=1, metadata={"help": "format re-asks per step"})
     require_think: bool = True
     few_shot: bool = True
-    # The agent settings a trained router is run with (`agent.loop.AgentConfig`), so that a job can roll out the
-    # shipped router itself as the teacher (self-distillation: `configs/synth/self_rft_cpu.yaml`) exactly as it runs
-    # at inference. Step records are rendered with `evidence_chars` too: they show the evidence the teacher read.
-    # off by default: a teacher writes freely and rejection judges the result (what every recipe did before stop 32,
-    # when the retry wrapper hid the backend's structured output); `on` bounds each field to the token budgets
+    # The teacher's agent settings (`agent.loop.AgentConfig`), so a job can roll out a trained router exactly as it
+    # runs at inference (self-distillation: `configs/synth/self_rft_cpu.yaml`); step records show the evidence at
+    # `evidence_chars`, as the teacher read it. `constrained` is off by default: a teacher writes freely and rejection
+    # judges it (what every recipe did before stop 32, when the retry wrapper hid the backend's structured output).
     constrained: str = field(default="off", metadata={"help": "decode inside the step grammar: on | off | auto"})
     min_steps: int = field(default=0, metadata={"help": "searches before the teacher may stop"})
     evidence_chars: int = field(default=DEFAULT_PROMPT.evidence_chars, metadata={"help": "longest evidence per hit"})

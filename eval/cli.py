@@ -92,11 +92,9 @@ def main(argv: list[str] | None = None) -> int:
 def summary_lines(results: dict) -> list[str]:
     """One line per method with the scoreboard's headline figures: report.md's first table, the macro average over
     dataset groups (each group the mean of its datasets), not the plain mean over datasets (`results["macro"]`)."""
-    grouped = bool(results.get("macro_over_groups"))
-    table = results["macro_over_groups"] if grouped else results["macro"]
-    lines = ["macro average over groups (report.md's first table):" if grouped else "mean over datasets:"]
+    lines = ["macro average over groups (report.md's first table):"]
     for m in results["methods"]:
-        r = table[m]
+        r = results["macro_over_groups"][m]
         if "run/error" not in r:
             lines.append(f"  {m:<22} (no predictions yet)")
             continue
