@@ -10,6 +10,12 @@ Agent variants are named step-agent methods, each a `policy:` and an `agent:` ma
     agent_variants:
       agent_sft: {policy: {adapter: runs/train/smollm2_sft_lora/final}, agent: {few_shot: false}}
 
+A variant with `method:` runs another built-in method the same way, with its own policy and settings, e.g. the
+one-shot router or rag_all answered by the trained router (a baseline with the same reader as the agent):
+
+    agent_variants:
+      rag_all_router: {method: rag_all, policy: {model: smollm2-kbrouter}, agent: {few_shot: false}}
+
 `checkpoints: {name: path}` is the older shorthand for `agent_variants: {name: {policy: {model: path}}}`.
 """
 
@@ -115,7 +121,13 @@ class EvalConfig:
             unknown = sorted(set(variant) - set(VARIANT_KEYS))
             if unknown:
                 raise ValueError(f"{where}: unknown key(s) {unknown}; valid: {list(VARIANT_KEYS)}")
-            for key in VARIANT_KEYS:
+            runs = variant.get("method", AGENT)
+            if not isinstance(runs, str) or not reserved_method_name(runs) or runs == "single_kb":
+                raise ValueError(
+                    f"{where}.method: {variant['method']!r} is not a built-in method; one of e.g. agent, router, "
+                    "rag_all, no_retrieval, ircot, iter_retgen, rag_<kb>"
+                )
+            for key in ("policy", "agent"):
                 if not isinstance(variant.get(key, {}), dict):
                     raise ValueError(f"{where}.{key}: expected a mapping of overrides, got {variant[key]!r}")
             PolicyConfig.from_dict(self.policy_settings(name), f"{where}.policy")
@@ -153,6 +165,14 @@ class EvalConfig:
             for name, ckpt in self.checkpoints.items()
         }
         return {**out, **self.agent_variants}
+
+    def variant_methods(self) -> dict[str, str]:
+        """Variant name -> the built-in method it runs (`agent`, the step agent, unless its `method:` says another)."""
+        return {name: v.get("method", AGENT) for name, v in self.variants().items()}
+
+    def base_method(self, method: str) -> str:
+        """The built-in method a method name runs: itself, or a variant's `method`."""
+        return self.variant_methods().get(method, method)
 
     def policy_settings(self, method: str = "") -> dict:
         """The policy mapping a method runs with: `policy`, with the variant's `policy` overrides merged on top."""
@@ -219,6 +239,8 @@ class EvalConfig:
         policy = self.policy_settings(method)
         data = {
             "method": method,
+            # a variant that runs another built-in method (fingerprints of the others are as they were before `method:`)
+            **({"runs": self.base_method(method)} if self.variant_methods().get(method, AGENT) != AGENT else {}),
             "policy": policy,
             "agent": asdict(self.agent_config(method)),
             "k_per_kb": self.k_per_kb,
@@ -233,7 +255,8 @@ class EvalConfig:
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-VARIANT_KEYS = ("policy", "agent")
+VARIANT_KEYS = ("method", "policy", "agent")
+AGENT = "agent"  # what a variant runs unless its `method:` names another built-in method
 POLICY_PATH_KEYS = ("model", "adapter")  # policy settings that may name a folder on disk
 
 

@@ -14,6 +14,7 @@ same way: a retrieval is a `Step` (its `kb` is the KB name, or `all` for a searc
 | `iter_retgen` | Iter-RetGen: search with question + previous answer, regenerate, `max_steps` rounds |
 | `router` | UniversalRAG-style one-shot router: pick one KB (or none) for the question, retrieve once, answer |
 | `agent` | the step-wise agent, prompted (and any variant named in the config's `agent_variants` / `checkpoints`) |
+| `<variant>` | a variant with `method: <one above>` runs that method with its own policy and settings (`eval.config`) |
 | `agent_random` | ablation: the agent with each chosen KB replaced by a uniformly random one |
 """
 
@@ -24,13 +25,14 @@ import json
 import random
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from agent.backends.base import Completion, Message, Policy, SamplingParams
 from agent.kbs import KnowledgeBase
-from agent.loop import AgentConfig, StepAgent
+from agent.loop import AgentConfig, StepAgent, use_constrained
 from agent.protocol import (
+    answer_grammar,
     answer_messages,
     final_messages,
     kb_list,
@@ -38,6 +40,7 @@ from agent.protocol import (
     render_hits,
     ret_content,
     ret_span,
+    route_grammar,
     strip_tags,
 )
 from agent.types import Question, Step, Trajectory
@@ -54,6 +57,16 @@ class MethodContext:
     seed: int = 0
     k_per_kb: int = 2  # hits per KB for the methods that search every KB (rag_all, ircot, iter_retgen)
 
+    def grammar(self, step: str) -> str | None:
+        """The EBNF a baseline decodes `step` in ("route": the router's KB choice; "answer" / "final": an answer
+        step) when `agent.constrained` resolves on for this policy, else None. `on` with a backend that has no
+        structured output raises here, before the method generates anything."""
+        if not use_constrained(self.agent.constrained, self.policy):
+            return None
+        if step == "route":
+            return route_grammar(tuple(self.kbs)).ebnf
+        return answer_grammar(self.agent.final_tokens if step == "final" else self.agent.answer_tokens).ebnf
+
 
 # A method answers a batch of questions in lockstep: (questions, context) -> one trajectory per question.
 MethodFn = Callable[[Sequence[Question], MethodContext], list[Trajectory]]
@@ -66,11 +79,17 @@ class _Counter:
         self.ctx, self.prompt, self.completion = ctx, [0] * n, [0] * n
 
     def generate(
-        self, idx: list[int], convs: list[list[Message]], tokens: int, stop: tuple[str, ...], salt: int = 0
+        self,
+        idx: list[int],
+        convs: list[list[Message]],
+        tokens: int,
+        stop: tuple[str, ...],
+        salt: int = 0,
+        grammar: str | None = None,
     ) -> list[Completion]:
         if not idx:
             return []
-        outs = self.ctx.policy.generate(convs, self.ctx.agent.sampling(tokens, stop, salt))
+        outs = self.ctx.policy.generate(convs, self.ctx.agent.sampling(tokens, stop, salt, grammar=grammar))
         for i, out in zip(idx, outs, strict=True):
             self.prompt[i] += out.prompt_tokens
             self.completion[i] += out.completion_tokens
@@ -137,6 +156,7 @@ def no_retrieval(questions: Sequence[Question], ctx: MethodContext) -> list[Traj
         [final_messages(q.question, [], q.images, ctx.agent.prompt_settings) for q in questions],
         ctx.agent.final_tokens,
         ("</answer>",),
+        grammar=ctx.grammar("final"),
     )
     out = []
     for i, (q, o) in enumerate(zip(questions, outs, strict=True)):
@@ -161,7 +181,9 @@ def _answer_with_hits(
         for q, h, kb in zip(questions, hits, kb_of, strict=True)
     ]
     t0 = time.perf_counter()
-    outs = gen.generate(list(range(len(questions))), convs, ctx.agent.answer_tokens, ("</answer>",))
+    outs = gen.generate(
+        list(range(len(questions))), convs, ctx.agent.answer_tokens, ("</answer>",), grammar=ctx.grammar("answer")
+    )
     answer_s = time.perf_counter() - t0
     out = []
     for i, (q, o) in enumerate(zip(questions, outs, strict=True)):
@@ -230,7 +252,9 @@ def router(questions: Sequence[Question], ctx: MethodContext) -> list[Trajectory
         [{"role": "system", "content": system}, {"role": "user", "content": f"Question: {q.question}"}]
         for q in questions
     ]
-    routes = gen.generate(list(range(len(questions))), convs, 24, ("</ret>",))
+    grammar = ctx.grammar("route")  # constrained: the reply is exactly <ret>NAME</ret> or <ret>None</ret>
+    tokens = 24 if grammar is None else max(24, route_grammar(tuple(names)).max_tokens)  # the grammar closes in it
+    routes = gen.generate(list(range(len(questions))), convs, tokens, ("</ret>",), grammar=grammar)
     chosen = [parse_route(o.text, names) for o in routes]
     hits: list[list[Hit]] = [[] for _ in questions]
     for display in set(c for c in chosen if c):
@@ -456,15 +480,26 @@ def reserved_method_name(name: str) -> bool:
     return name in BASE_METHODS or name == SINGLE_KB_ALL or name.startswith("rag_")
 
 
-def available_methods(kb_names: Sequence[str], variants: Sequence[str] = ()) -> dict[str, MethodFn]:
-    """Every valid method name for these KBs (and agent variants, which run `step_agent` with their settings)."""
+def available_methods(kb_names: Sequence[str], variants: Mapping[str, str] | None = None) -> dict[str, MethodFn]:
+    """Every valid method name for these KBs, and the variants (name -> the built-in method each one runs with its
+    own settings: `agent` for the step agent, or e.g. `router`, `rag_all`).
+
+    Raises:
+        ValueError: a variant runs a method these KBs do not have (e.g. `rag_images` with no `images` KB).
+    """
     out = dict(BASE_METHODS)
     out.update({f"rag_{name}": single_kb_rag(name) for name in kb_names})
-    out.update({name: step_agent for name in variants})
+    builtin = dict(out)  # a variant runs a built-in method, never another variant
+    for name, base in (variants or {}).items():
+        if base not in builtin:
+            raise ValueError(f"agent_variants.{name}: method {base!r} is not one of {', '.join(builtin)}")
+        out[name] = builtin[base]
     return out
 
 
-def resolve_methods(requested: Sequence[str], kb_names: Sequence[str], variants: Sequence[str] = ()) -> list[str]:
+def resolve_methods(
+    requested: Sequence[str], kb_names: Sequence[str], variants: Mapping[str, str] | None = None
+) -> list[str]:
     """Expand `single_kb` and check every name.
 
     Raises:

@@ -119,8 +119,7 @@ def write_report(
     computed: int = 0,
 ) -> dict:
     """Score every (dataset, method, question), aggregate, and write the report files; returns the results."""
-    variants = cfg.variants()
-    routing_methods = [m for m in methods if m in ROUTING_METHODS or m in variants]
+    routing_methods = [m for m in methods if cfg.base_method(m) in ROUTING_METHODS]
     per_ds: dict[str, dict[str, dict]] = {}
     trajs: dict[tuple[str, str], list[Trajectory]] = {}
     predictions = []
@@ -139,7 +138,7 @@ def write_report(
                     kb_names,
                     routes=m in routing_methods,
                     retrieves=m != "no_retrieval",
-                    step_protocol=m in AGENT_METHODS or m in variants,
+                    step_protocol=cfg.base_method(m) in AGENT_METHODS,
                     question=q,
                 )
                 rows.append(scores)

@@ -190,7 +190,7 @@ def run_eval(
         prepare_corpora(cfg.prepare_corpora, cfg.path("shared_data"), cfg.path("corpora_dir"))
     # datasets first: a malformed file fails before the (slow) KB build
     loaded: list[LoadedDataset] = [load_dataset(spec, cfg.path("shared_data")) for spec in cfg.dataset_specs()]
-    variants = list(cfg.variants())
+    variants = cfg.variant_methods()
     if kbs is not None:
         kb_names = [kb.name for kb in kbs.values()]
     else:

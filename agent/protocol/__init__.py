@@ -9,6 +9,7 @@ from agent.protocol.grammar import (
     fit_answer,
     fit_plan,
     plan_grammar,
+    route_grammar,
 )
 from agent.protocol.prompts import (
     DEFAULT_PROMPT,
@@ -53,5 +54,5 @@ __all__ = [
     "add_evidence_images", "answer_grammar", "answer_messages", "check_display_name", "evidence_image_paths",
     "final_messages", "fit_answer", "fit_plan", "format_answer", "format_plan", "history_lines", "is_none",
     "kb_list", "normalize_kb", "parse_answer", "parse_plan", "plan_grammar", "plan_kb_list", "plan_messages",
-    "render_hits", "ret_content", "ret_span", "strip_tags", "with_format_reminder", "with_kb_list",
+    "render_hits", "ret_content", "ret_span", "route_grammar", "strip_tags", "with_format_reminder", "with_kb_list",
 ]  # fmt: skip

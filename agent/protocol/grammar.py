@@ -106,6 +106,19 @@ def plan_grammar(kb_names: tuple[str, ...], budget_tokens: int, allow_stop: bool
     return StepGrammar(ebnf, bound, {"think_chars": think_chars, "sub_question_chars": question_chars})
 
 
+@lru_cache(maxsize=64)
+def route_grammar(kb_names: tuple[str, ...]) -> StepGrammar:
+    """The one-shot router's reply: `<ret>KB</ret>`, KB one of the display names or None (`eval.methods.router`)."""
+    if not kb_names:
+        raise ValueError("a route grammar needs at least one knowledge base")
+    for n in kb_names:
+        check_display_name(n)
+    choices = " | ".join(_literal(n) for n in (*kb_names, "None"))
+    ebnf = f"root ::= {_literal(f'<{RET}>')} ({choices}) {_literal(f'</{RET}>')}"
+    bound = _fixed_bytes([f"<{RET}>", f"</{RET}>"]) + max(len(n.encode()) for n in (*kb_names, "None")) + 1
+    return StepGrammar(ebnf, bound, {})
+
+
 @lru_cache(maxsize=8)
 def answer_grammar(budget_tokens: int) -> StepGrammar:
     """The answer/final grammar, sized to close within `budget_tokens`."""

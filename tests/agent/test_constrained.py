@@ -13,7 +13,14 @@ import yaml
 
 from agent.backends.base import SamplingParams
 from agent.loop import AgentConfig, StepAgent, use_constrained
-from agent.protocol import answer_grammar, check_display_name, parse_answer, parse_plan, plan_grammar
+from agent.protocol import (
+    answer_grammar,
+    check_display_name,
+    parse_answer,
+    parse_plan,
+    plan_grammar,
+    route_grammar,
+)
 from agent.protocol.prompts import answer_messages, plan_messages
 from agent.types import Question
 from tests.fakes import FakeRetriever, ScriptedPolicy
@@ -99,6 +106,28 @@ def test_thousand_sampled_steps_parse_over_random_kb_sets(tokenizer, random_mode
         n += _check(_sample(random_model, tokenizer, [prompt] * 48, g, seed=100 + i), g, parse_answer)
     assert n >= 1000
     assert plans_ask > 0
+
+
+def test_sampled_one_shot_routes_are_exactly_one_kb_or_none(tokenizer, random_model, tmp_path):
+    """The one-shot router baseline's grammar (`eval.methods.router`): at temperature 1 every reply is
+    `<ret>NAME</ret>` with NAME a configured display name or None, over random KB sets and a YAML-only one."""
+    from eval.methods import ROUTER_SYSTEM, parse_route
+
+    rng = random.Random(1)
+    chosen: set[str] = set()
+    for i, names in enumerate([random_kb_names(rng) for _ in range(4)] + [yaml_kb_names(tmp_path)]):
+        g = route_grammar(names)
+        system = ROUTER_SYSTEM.format(kb_list="\n".join(f"- {n}" for n in names), example=names[0])
+        prompt = tokenizer.apply_chat_template([{"role": "system", "content": system},
+                                                {"role": "user", "content": "Question: who wrote it?"}],
+                                               tokenize=False, add_generation_prompt=True)  # fmt: skip
+        for out in _sample(random_model, tokenizer, [prompt] * 24, g, seed=200 + i):
+            inside = out.text.removeprefix("<ret>").removesuffix("</ret>")
+            assert out.text == f"<ret>{inside}</ret>" and inside in (*names, "None"), out.text
+            assert out.finish_reason == "stop" and out.completion_tokens <= g.max_tokens
+            assert parse_route(out.text, names) == (None if inside == "None" else inside)
+            chosen.add(inside)
+    assert len(chosen) > 2  # temperature 1 reaches several branches, not one memorised reply
 
 
 def test_real_smollm2_sampled_steps_parse(tokenizer, smollm2_dir):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from agent.loop import AgentConfig
@@ -103,6 +105,50 @@ def test_parse_route(text: str, expected: str | None) -> None:
 
 def test_resolve_methods() -> None:
     assert resolve_methods(["single_kb", "agent", "agent"], ["wiki", "tables"]) == ["rag_wiki", "rag_tables", "agent"]
-    assert resolve_methods(["agent_sft"], ["wiki"], variants=["agent_sft"]) == ["agent_sft"]
+    assert resolve_methods(["agent_sft"], ["wiki"], variants={"agent_sft": "agent"}) == ["agent_sft"]
+    with pytest.raises(ValueError, match=r"agent_variants.rag_x: method 'rag_images' is not one of .*rag_wiki"):
+        resolve_methods(["rag_x"], ["wiki"], variants={"rag_x": "rag_images"})
     with pytest.raises(ValueError, match=r"unknown method 'rag_images'; valid methods: .*rag_wiki.*single_kb"):
         resolve_methods(["rag_images"], ["wiki"])
+
+
+class GrammarPolicy(FakePolicy):
+    """The fake policy as a backend with structured output: it records the grammar of every call and, where one is
+    sent, replies as the grammar allows (a route from the list; an answer in think/answer tags)."""
+
+    supports_grammar = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.grammars: list[str | None] = []
+
+    def generate(self, conversations, params):
+        self.grammars.append(params.grammar)
+        outs = super().generate(conversations, params)
+        if params.grammar and params.grammar.startswith('root ::= "<ret>"'):
+            return [replace(o, text="<ret>Table KB</ret>") for o in outs]  # a reply only the grammar makes legal
+        return outs
+
+
+def test_baselines_decode_inside_the_step_grammars_when_constrained(fake_kbs) -> None:
+    policy = GrammarPolicy()
+    ctx = MethodContext(policy, fake_kbs, AgentConfig(max_steps=2, max_retries=0, constrained="on"), k_per_kb=1)
+    t = available_methods(["wiki", "tables"])["router"](QS, ctx)[0]
+    route, answer = policy.grammars
+    assert '"Text KB" | "Table KB" | "None"' in route  # the router picks exactly one configured KB, or None
+    assert answer.startswith('root ::= "<think>"') and "<answer>" in answer
+    assert t.steps[0].kb == "tables" and t.metadata["route"] == "tables"
+    policy.grammars.clear()
+    available_methods(["wiki", "tables"])["no_retrieval"](QS, ctx)
+    assert policy.grammars and all(g and "<answer>" in g for g in policy.grammars)
+
+
+def test_constrained_baselines_need_structured_output_and_off_sends_none(fake_kbs) -> None:
+    plain = FakePolicy()
+    ctx = MethodContext(plain, fake_kbs, AgentConfig(max_steps=2, max_retries=0, constrained="on"))
+    with pytest.raises(ValueError, match="has no structured output. Fix:"):
+        available_methods(["wiki", "tables"])["router"](QS, ctx)
+    policy = GrammarPolicy()
+    ctx = MethodContext(policy, fake_kbs, AgentConfig(max_steps=2, max_retries=0, constrained="off"))
+    available_methods(["wiki", "tables"])["rag_all"](QS, ctx)
+    assert policy.grammars == [None]

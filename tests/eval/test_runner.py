@@ -313,6 +313,37 @@ def test_a_checkpoint_retrained_at_the_same_path_is_evaluated_again(
     assert computed_ids() == ["q1", "q2", "q3", "q4"] and len(loaded) == 2
 
 
+def test_a_variant_runs_another_method_with_its_own_settings(tmp_path: Path, questions_file: Path, fake_kbs) -> None:
+    # `method: router` runs the one-shot router (not the step agent) with the variant's settings; its predictions
+    # are cached and scored apart from the plain router's, as a routing method without the step protocol
+    variants = {"router_k1": {"method": "router", "agent": {"top_k": 1}}}
+    cfg = load_eval_config(eval_yaml(tmp_path, questions_file, ["router", "router_k1"], agent_variants=variants))
+    results = run_eval(cfg, policy=FakePolicy(), kbs=fake_kbs)
+    cache = read_cache(Path(cfg.output_dir) / "cache.jsonl")
+    rows = {(r["method"], r["qid"]): r for r in cache.values()}
+    plain, variant = rows[("router", "q1")]["trajectory"], rows[("router_k1", "q1")]["trajectory"]
+    assert variant["metadata"]["route"] == plain["metadata"]["route"] == "wiki"  # the router's own reply
+    assert len(variant["steps"][0]["hits"]) == 1 < len(plain["steps"][0]["hits"])  # top_k 1 from the variant
+    assert rows[("router", "q1")]["fingerprint"] != rows[("router_k1", "q1")]["fingerprint"]
+    assert "router_k1" in results["routing_methods"]
+    assert cfg.base_method("router_k1") == "router" and cfg.base_method("agent") == "agent"
+
+
+@pytest.mark.parametrize(
+    ("variant", "message"),
+    [
+        ({"method": "self_rag"}, r"agent_variants.v.method: 'self_rag' is not a built-in method"),
+        ({"method": "single_kb"}, r"agent_variants.v.method: 'single_kb' is not a built-in method"),
+        ({"method": ["router"]}, r"agent_variants.v.method: \['router'\] is not a built-in method"),
+    ],
+)
+def test_a_variant_method_that_is_not_built_in_fails_at_load(
+    tmp_path: Path, questions_file: Path, variant: dict, message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        load_eval_config(eval_yaml(tmp_path, questions_file, ["v"], agent_variants={"v": variant}))
+
+
 class OutagePolicy(FakePolicy):
     """A backend that fails (finish_reason `error`, as the HTTP backends report an outage) on questions naming
     OUTAGE, while `down` is set."""

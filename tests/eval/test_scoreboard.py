@@ -179,7 +179,7 @@ def test_a_large_weight_shard_counts_by_size_and_mtime(tmp_path: Path, questions
         # a typo at the variant's top level
         (
             {"v": {"agents": {"max_steps": 1}}},
-            r"agent_variants\.v: unknown key\(s\) \['agents'\]; valid: \['policy', 'agent'\]",
+            r"agent_variants\.v: unknown key\(s\) \['agents'\]; valid: \['method', 'policy', 'agent'\]",
         ),
         # a key the loop does not have
         ({"v": {"agent": {"max_step": 1}}}, r"agent_variants\.v\.agent has unknown key\(s\) \['max_step'\]"),
