@@ -344,6 +344,25 @@ def test_a_variant_method_that_is_not_built_in_fails_at_load(
         load_eval_config(eval_yaml(tmp_path, questions_file, ["v"], agent_variants={"v": variant}))
 
 
+def test_the_report_pairs_each_method_with_the_plot_method(tmp_path: Path, questions_file: Path, fake_kbs) -> None:
+    methods = ["no_retrieval", "rag_all", "agent"]
+    cfg = load_eval_config(eval_yaml(tmp_path, questions_file, methods, plot_method="agent"))
+    results = run_eval(cfg, policy=FakePolicy(), kbs=fake_kbs)
+    paired = results["paired"]
+    assert paired["reference"] == "agent" and set(paired["vs"]) == {"no_retrieval", "rag_all"}
+    for m in ("no_retrieval", "rag_all"):  # every question answered by both: the paired macro is the macro difference
+        macro = results["macro_over_groups"]
+        expected = macro["agent"]["answer/f1_recall"] - macro[m]["answer/f1_recall"]
+        assert paired["vs"][m]["diff"] == pytest.approx(expected) and paired["vs"][m]["n"] == len(QUESTIONS)
+    assert paired["vs"]["no_retrieval"]["diff"] > 0  # the fake agent finds what no_retrieval cannot know
+    report = (Path(cfg.output_dir) / "report.md").read_text()
+    assert "### Paired difference: agent − each method (macro F1-R)" in report
+    # a plot_method that did not run: no pairing, no section
+    other = load_eval_config(eval_yaml(tmp_path, questions_file, ["no_retrieval"], out="other", plot_method="agent"))
+    assert run_eval(other, policy=FakePolicy(), kbs=fake_kbs)["paired"] == {}
+    assert "Paired difference" not in (Path(other.output_dir) / "report.md").read_text()
+
+
 class OutagePolicy(FakePolicy):
     """A backend that fails (finish_reason `error`, as the HTTP backends report an outage) on questions naming
     OUTAGE, while `down` is set."""
