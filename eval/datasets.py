@@ -43,6 +43,9 @@ logger = logging.getLogger(__name__)
 YES_NO = frozenset({"yes", "no"})
 
 
+PARTS = ("test", "validation")
+
+
 @dataclass
 class DatasetSpec:
     """One benchmark of an eval config."""
@@ -53,6 +56,16 @@ class DatasetSpec:
     group: str = field(default="", metadata={"help": "Report group (text|table|image|video|...); loader default."})
     limit: int | None = field(default=None, metadata={"help": "Keep at most this many questions."})
     sample_seed: int | None = field(default=0, metadata={"help": "Shuffle seed before `limit`; None keeps order."})
+    part: str = field(
+        default="test",
+        metadata={
+            "help": "test: the first `limit` questions after the shuffle (the scoreboard); validation: the ones after "
+            "them, never scored by `test`, for choosing between models (a dataset without `limit` has none)"
+        },
+    )
+    validation_limit: int | None = field(
+        default=None, metadata={"help": "part validation: at most this many questions (default: `limit`)."}
+    )
     text_only: bool = field(default=False, metadata={"help": "Run a visual set without its images."})
     image_root: str = field(default="", metadata={"help": "Folder holding the images of r1router visual sets."})
     gold_kb: str | None = field(default=None, metadata={"help": "KB name holding the evidence; loader default."})
@@ -77,6 +90,12 @@ class DatasetSpec:
             raise ValueError(f"dataset {self.name!r}: the jsonl loader needs `path:` (a JSONL question file)")
         if self.limit is not None and self.limit < 1:
             raise ValueError(f"dataset {self.name!r}: `limit` must be >= 1 or null, got {self.limit}")
+        if self.part not in PARTS:
+            raise ValueError(f"dataset {self.name!r}: `part` must be one of {PARTS}, got {self.part!r}")
+        if self.validation_limit is not None and self.validation_limit < 1:
+            raise ValueError(
+                f"dataset {self.name!r}: `validation_limit` must be >= 1 or null, got {self.validation_limit}"
+            )
         unknown = set(self.columns) - set(COLUMN_KEYS)
         if unknown:
             raise ValueError(
@@ -415,7 +434,13 @@ def load_dataset(spec: DatasetSpec, shared_data: str | Path = "") -> LoadedDatas
     ds = datasets.Dataset.from_list(rows)
     if spec.sample_seed is not None:
         ds = ds.shuffle(seed=spec.sample_seed)
-    if spec.limit is not None:
+    if spec.part == "validation":  # the questions after the test part's, so the two never share one
+        if spec.limit is None or spec.limit >= len(ds):
+            reason = f"part validation: the test part (`limit` {spec.limit}) takes all {len(ds)} questions"
+            return LoadedDataset(spec, group, [], skipped=reason, split=split, skips=skips)
+        ds = ds.select(range(spec.limit, min(spec.limit + (spec.validation_limit or spec.limit), len(ds))))
+        split = f"{split}; validation part: after the first {spec.limit}".lstrip("; ")
+    elif spec.limit is not None:
         ds = ds.select(range(min(spec.limit, len(ds))))
     missing = [img for row in ds for img in row["images"] if img.startswith("<missing:") or not Path(img).exists()]
     if missing and not spec.text_only:

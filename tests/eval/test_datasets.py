@@ -124,3 +124,22 @@ def test_dynvqa_nan_line_loads() -> None:
     # the released file holds a bare NaN that strict JSON parsers reject; it must still load
     ds = load_dataset(DatasetSpec(name="dyn", loader="r1_dynvqa", text_only=True, sample_seed=None), SHARED)
     assert len(ds.questions) == 715
+
+
+def test_the_validation_part_follows_the_test_part_and_never_overlaps_it(tmp_path: Path) -> None:
+    rows = [{"id": f"q{i}", "question": f"question {i}?", "answers": [f"a{i}"]} for i in range(10)]
+    path = _write(tmp_path / "q.jsonl", [json.dumps(r) for r in rows])
+
+    def ids(**kw) -> list[str]:
+        return [q.id for q in load_dataset(DatasetSpec(name="toy", loader="jsonl", path=str(path), **kw)).questions]
+
+    test = ids(limit=4)
+    validation = ids(limit=4, part="validation", validation_limit=3)
+    assert len(test) == 4 and len(validation) == 3 and not set(test) & set(validation)
+    assert ids(limit=4, part="validation") == ids(limit=4, part="validation", validation_limit=4)  # default: `limit`
+    assert set(ids(limit=4, part="validation", validation_limit=100)) == {r["id"] for r in rows} - set(test)
+    assert ids(limit=4, sample_seed=1) != test  # the parts follow the shuffle, so a seed changes both
+    whole = load_dataset(DatasetSpec(name="toy", loader="jsonl", path=str(path), part="validation"))
+    assert whole.questions == [] and "the test part (`limit` None) takes all 10 questions" in whole.skipped
+    with pytest.raises(ValueError, match=r"`part` must be one of \('test', 'validation'\), got 'dev'"):
+        DatasetSpec(name="toy", loader="jsonl", path=str(path), part="dev")
