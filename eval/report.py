@@ -168,7 +168,9 @@ def write_report(
         g: {m: macro_average({d: per_ds[d][m] for d in names}) for m in methods} for g, names in groups.items()
     }
     macro_groups = {m: macro_average({g: by_group[g][m] for g in groups}) for m in methods}
-    steps_of = {m: 1 if m == "router" else max(cfg.agent_config(m).max_steps, 1) for m in routing_methods}
+    steps_of = {
+        m: 1 if cfg.base_method(m) == "router" else max(cfg.agent_config(m).max_steps, 1) for m in routing_methods
+    }
     routing = {
         g: {m: [dict(c) for c in kb_choices(trajs.get((g, m), []), steps_of[m])] for m in routing_methods}
         for g in groups

@@ -326,6 +326,7 @@ def test_a_variant_runs_another_method_with_its_own_settings(tmp_path: Path, que
     assert len(variant["steps"][0]["hits"]) == 1 < len(plain["steps"][0]["hits"])  # top_k 1 from the variant
     assert rows[("router", "q1")]["fingerprint"] != rows[("router_k1", "q1")]["fingerprint"]
     assert "router_k1" in results["routing_methods"]
+    assert all(len(by_method["router_k1"]) == 1 for by_method in results["routing_by_step"].values())  # one decision
     assert cfg.base_method("router_k1") == "router" and cfg.base_method("agent") == "agent"
 
 
