@@ -240,7 +240,7 @@ class EvalConfig:
         data = {
             "method": method,
             # a variant that runs another built-in method (fingerprints of the others are as they were before `method:`)
-            **({"runs": self.base_method(method)} if self.variant_methods().get(method, AGENT) != AGENT else {}),
+            **({"runs": runs} if (runs := self.variant_methods().get(method, AGENT)) != AGENT else {}),
             "policy": policy,
             "agent": asdict(self.agent_config(method)),
             "k_per_kb": self.k_per_kb,

@@ -32,6 +32,7 @@ from agent.backends.base import Completion, Message, Policy, SamplingParams
 from agent.kbs import KnowledgeBase
 from agent.loop import AgentConfig, StepAgent, use_constrained
 from agent.protocol import (
+    StepGrammar,
     answer_grammar,
     answer_messages,
     final_messages,
@@ -57,15 +58,15 @@ class MethodContext:
     seed: int = 0
     k_per_kb: int = 2  # hits per KB for the methods that search every KB (rag_all, ircot, iter_retgen)
 
-    def grammar(self, step: str) -> str | None:
-        """The EBNF a baseline decodes `step` in ("route": the router's KB choice; "answer" / "final": an answer
+    def grammar(self, step: str) -> StepGrammar | None:
+        """The grammar a baseline decodes `step` in ("route": the router's KB choice; "answer" / "final": an answer
         step) when `agent.constrained` resolves on for this policy, else None. `on` with a backend that has no
         structured output raises here, before the method generates anything."""
         if not use_constrained(self.agent.constrained, self.policy):
             return None
         if step == "route":
-            return route_grammar(tuple(self.kbs)).ebnf
-        return answer_grammar(self.agent.final_tokens if step == "final" else self.agent.answer_tokens).ebnf
+            return route_grammar(tuple(self.kbs))
+        return answer_grammar(self.agent.final_tokens if step == "final" else self.agent.answer_tokens)
 
 
 # A method answers a batch of questions in lockstep: (questions, context) -> one trajectory per question.
@@ -85,11 +86,12 @@ class _Counter:
         tokens: int,
         stop: tuple[str, ...],
         salt: int = 0,
-        grammar: str | None = None,
+        grammar: StepGrammar | None = None,
     ) -> list[Completion]:
         if not idx:
             return []
-        outs = self.ctx.policy.generate(convs, self.ctx.agent.sampling(tokens, stop, salt, grammar=grammar))
+        ebnf = grammar.ebnf if grammar else None
+        outs = self.ctx.policy.generate(convs, self.ctx.agent.sampling(tokens, stop, salt, grammar=ebnf))
         for i, out in zip(idx, outs, strict=True):
             self.prompt[i] += out.prompt_tokens
             self.completion[i] += out.completion_tokens
@@ -253,7 +255,7 @@ def router(questions: Sequence[Question], ctx: MethodContext) -> list[Trajectory
         for q in questions
     ]
     grammar = ctx.grammar("route")  # constrained: the reply is exactly <ret>NAME</ret> or <ret>None</ret>
-    tokens = 24 if grammar is None else max(24, route_grammar(tuple(names)).max_tokens)  # the grammar closes in it
+    tokens = 24 if grammar is None else max(24, grammar.max_tokens)  # the grammar closes within it
     routes = gen.generate(list(range(len(questions))), convs, tokens, ("</ret>",), grammar=grammar)
     chosen = [parse_route(o.text, names) for o in routes]
     hits: list[list[Hit]] = [[] for _ in questions]

@@ -120,7 +120,8 @@ def write_report(
     computed: int = 0,
 ) -> dict:
     """Score every (dataset, method, question), aggregate, and write the report files; returns the results."""
-    routing_methods = [m for m in methods if cfg.base_method(m) in ROUTING_METHODS]
+    base_of = {m: cfg.base_method(m) for m in methods}  # a variant scores as the built-in method it runs
+    routing_methods = [m for m in methods if base_of[m] in ROUTING_METHODS]
     per_ds: dict[str, dict[str, dict]] = {}
     trajs: dict[tuple[str, str], list[Trajectory]] = {}
     predictions = []
@@ -139,7 +140,7 @@ def write_report(
                     kb_names,
                     routes=m in routing_methods,
                     retrieves=m != "no_retrieval",
-                    step_protocol=cfg.base_method(m) in AGENT_METHODS,
+                    step_protocol=base_of[m] in AGENT_METHODS,
                     question=q,
                 )
                 rows.append(scores)
@@ -168,9 +169,7 @@ def write_report(
         g: {m: macro_average({d: per_ds[d][m] for d in names}) for m in methods} for g, names in groups.items()
     }
     macro_groups = {m: macro_average({g: by_group[g][m] for g in groups}) for m in methods}
-    steps_of = {
-        m: 1 if cfg.base_method(m) == "router" else max(cfg.agent_config(m).max_steps, 1) for m in routing_methods
-    }
+    steps_of = {m: 1 if base_of[m] == "router" else max(cfg.agent_config(m).max_steps, 1) for m in routing_methods}
     routing = {
         g: {m: [dict(c) for c in kb_choices(trajs.get((g, m), []), steps_of[m])] for m in routing_methods}
         for g in groups
