@@ -140,7 +140,12 @@ class AgentConfig:
         return PromptSettings(few_shot=self.few_shot, evidence_chars=self.evidence_chars)
 
     def sampling(
-        self, max_new_tokens: int, stop: tuple[str, ...], salt: int = 0, grammar: str | None = None
+        self,
+        max_new_tokens: int,
+        stop: tuple[str, ...],
+        salt: int = 0,
+        grammar: str | None = None,
+        step: str | None = None,
     ) -> SamplingParams:
         seed = None if self.seed is None else self.seed + salt
         return SamplingParams(
@@ -151,6 +156,7 @@ class AgentConfig:
             seed=seed,
             stop=() if grammar else stop,
             grammar=grammar,
+            step=step,
         )
 
 
@@ -194,7 +200,7 @@ class StepAgent:
         tokens = {"plan": cfg.plan_tokens, "answer": cfg.answer_tokens, "final": cfg.final_tokens}[step]
         key = "plan_must_search" if step == "plan" and step_index < cfg.min_steps else step
         grammar = self._grammars.get(key)
-        return cfg.sampling(tokens, (stop,), salt=salt, grammar=grammar)
+        return cfg.sampling(tokens, (stop,), salt=salt, grammar=grammar, step=step)
 
     @property
     def render_settings(self) -> dict:

@@ -257,7 +257,7 @@ class EvalConfig:
 
 VARIANT_KEYS = ("method", "policy", "agent")
 AGENT = "agent"  # what a variant runs unless its `method:` names another built-in method
-POLICY_PATH_KEYS = ("model", "adapter")  # policy settings that may name a folder on disk
+POLICY_PATH_KEYS = ("model", "adapter", "plan_adapter")  # policy settings that may name a folder on disk
 
 
 def resolved_adapter(policy: dict) -> str | None:

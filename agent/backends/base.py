@@ -14,7 +14,9 @@ class SamplingParams:
 
     `stop` strings end a completion early (the text keeps the stop string, so closing tags survive). `grammar` is
     an EBNF grammar the whole completion must match (constrained decoding, `agent.protocol.grammar`); a backend
-    without structured output rejects it (`supports_grammar`).
+    without structured output rejects it (`supports_grammar`). `step` names the agent step being decoded (`plan`,
+    `answer`, `final`; None outside the step loop): a backend with per-step weights (`policy.plan_adapter`) picks
+    them by it, the others ignore it.
     """
 
     max_new_tokens: int = 256
@@ -24,6 +26,7 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     grammar: str | None = None
+    step: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:

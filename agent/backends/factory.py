@@ -16,6 +16,13 @@ class PolicyConfig:
     backend: str = field(default="transformers", metadata={"help": f"one of {BACKENDS}"})
     model: str = field(default="smollm2", metadata={"help": "hub name, local folder, or `smollm2` (packaged)"})
     adapter: str | None = field(default=None, metadata={"help": "peft (LoRA) adapter folder loaded onto `model`"})
+    plan_adapter: str | None = field(
+        default=None,
+        metadata={
+            "help": "transformers backend: a second adapter folder for the plan steps alone (sub-question and KB "
+            "choice); answer and final steps keep `adapter` (a second merged copy of the model is held)"
+        },
+    )
     gguf_file: str | None = None
     dtype: str = "float32"
     device: str | None = None
@@ -73,11 +80,12 @@ class PolicyConfig:
                 "model 'smollm2-kbrouter' (SmolLM2 + the shipped LoRA adapter) runs on the transformers "
                 f"backend, not {self.backend!r}"
             )
-        if self.adapter and self.backend != "transformers":
-            raise ValueError(
-                f"policy.adapter is read by the transformers backend, not {self.backend!r}: merge it into "
-                "the model (peft merge_and_unload + save_pretrained) and serve that folder"
-            )
+        for key in ("adapter", "plan_adapter"):
+            if getattr(self, key) and self.backend != "transformers":
+                raise ValueError(
+                    f"policy.{key} is read by the transformers backend, not {self.backend!r}: merge it into "
+                    "the model (peft merge_and_unload + save_pretrained) and serve that folder"
+                )
         if self.backend == "openai" and not self.base_url:
             raise ValueError("policy.backend 'openai' needs policy.base_url, e.g. http://127.0.0.1:8000/v1")
 
@@ -104,6 +112,7 @@ def make_policy(cfg: PolicyConfig) -> Policy:
             adapter=cfg.adapter,
             prefix_cache_mb=cfg.prefix_cache_mb,
             continuous_batching=cfg.continuous_batching,
+            plan_adapter=cfg.plan_adapter,
         )
     if cfg.backend == "vl":
         from agent.backends.hf_vl import VisionLanguagePolicy

@@ -37,6 +37,10 @@ class TransformersPolicy:
         max_batch_size: conversations per `generate` call; larger batches are split.
         adapter: a peft (LoRA) adapter folder to load onto the model and merge; `model: smollm2-kbrouter` brings
             the shipped router adapter by itself.
+        plan_adapter: a second adapter for the plan steps alone (sub-question and KB choice): its merge is kept as
+            a second copy of the model, and a generate call whose `SamplingParams.step` is `plan` runs on it, every
+            other call (answer and final steps, baselines) on `adapter`. A router and a reader trained apart then
+            serve as one policy.
         prefix_cache_mb: keep the KV cache of the prompt prefix a batch shares (system prompt, KB list, few-shot
             turns) up to this many MB and reuse it across rows, steps and batches (`agent.backends.prefix_cache`);
             0 turns it off.
@@ -58,16 +62,18 @@ class TransformersPolicy:
         adapter: str | None = None,
         prefix_cache_mb: int = 0,
         continuous_batching: bool = False,
+        plan_adapter: str | None = None,
     ) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         alias = model
         model, adapter = resolve_policy_model(model, adapter)
-        if adapter:
-            from agent.backends.models import adapter_base_name
+        from agent.backends.models import adapter_base_name
 
-            adapter_base_name(adapter)  # a missing adapter fails before the base model loads
+        for folder in (adapter, plan_adapter):
+            if folder:
+                adapter_base_name(folder)  # a missing adapter fails before the base model loads
         path = resolve_model(model)
         kwargs = {"gguf_file": gguf_file} if gguf_file else {}
         self.name = Path(path).name if Path(path).exists() else path
@@ -86,10 +92,16 @@ class TransformersPolicy:
             self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, **kwargs)
         self.model = self.model.to(self.device)
         self.model.eval()
+        self.plan_model = None
+        if plan_adapter:
+            self.plan_model = load_merged(path, plan_adapter, torch_dtype, kwargs).to(self.device).eval()
+            self.name += f"+plan:{Path(plan_adapter).name}"
         self.max_batch_size = max_batch_size
         if prefix_cache_mb < 0:
             raise ValueError(f"prefix_cache_mb must be >= 0 (0 = off), got {prefix_cache_mb}")
         self.prefix_cache = PrefixCache(prefix_cache_mb * 2**20) if prefix_cache_mb else None
+        # a prefix's keys and values depend on the weights: the plan model keeps its own
+        self.plan_prefix_cache = PrefixCache(prefix_cache_mb * 2**20) if prefix_cache_mb and plan_adapter else None
         self.continuous_batching = continuous_batching
 
     def render(self, conversation: list[Message]) -> str:
@@ -137,26 +149,34 @@ class TransformersPolicy:
                 out[i] = c
         return out  # type: ignore[return-value]
 
+    def _weights(self, params: SamplingParams):  # noqa: ANN202 - (transformers model, PrefixCache | None)
+        """The model a call runs on (the plan adapter's for plan steps, when there is one) and its prefix cache."""
+        if params.step == "plan" and self.plan_model is not None:
+            return self.plan_model, self.plan_prefix_cache
+        return self.model, self.prefix_cache
+
     def _generate_chunk(self, prompts: list[str], params: SamplingParams, rows: list[int]) -> list[Completion]:
         if all_abandoned(rows):
             return [abandoned_completion() for _ in rows]
-        if self.prefix_cache is not None:
+        model, prefix_cache = self._weights(params)
+        if prefix_cache is not None:
             ids = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
             shared = batch_prefix_length(ids)
-            if shared >= self.prefix_cache.min_tokens:
-                prefix = self.prefix_cache.get(self.model, ids[0][:shared])
+            if shared >= prefix_cache.min_tokens:
+                prefix = prefix_cache.get(model, ids[0][:shared])
                 input_ids, mask = prefixed_batch(ids, shared, self.tokenizer.pad_token_id, self.device)
                 enc = {"input_ids": input_ids, "attention_mask": mask}
                 cache = expanded(prefix, len(ids))
-                return generate_completions(self.model, self.tokenizer, enc, params, rows, cache=cache)
+                return generate_completions(model, self.tokenizer, enc, params, rows, cache=cache)
         enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
-        return generate_completions(self.model, self.tokenizer, enc, params, rows)
+        return generate_completions(model, self.tokenizer, enc, params, rows)
 
     def _generate_continuous(self, prompts: list[str], params: SamplingParams) -> list[Completion]:
         """All prompts through `generate_batch`: the scheduler refills a finished row's slot with waiting work."""
         import torch
         from transformers import ContinuousBatchingConfig, GenerationConfig
 
+        model, _ = self._weights(params)
         rows = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
         sample = params.temperature > 0
         config = GenerationConfig(
@@ -165,7 +185,7 @@ class TransformersPolicy:
             temperature=params.temperature if sample else None,
             top_p=params.top_p if sample else None,
             top_k=(params.top_k or None) if sample else None,
-            eos_token_id=self.model.generation_config.eos_token_id or self.tokenizer.eos_token_id,
+            eos_token_id=model.generation_config.eos_token_id or self.tokenizer.eos_token_id,
             pad_token_id=self.tokenizer.pad_token_id,
         )
         if params.seed is not None:
@@ -177,7 +197,7 @@ class TransformersPolicy:
             num_blocks=sum(-(-(len(r) + params.max_new_tokens) // page) for r in rows) + len(rows),
             max_batch_tokens=CONTINUOUS_BATCH_TOKENS,
         )
-        results = self.model.generate_batch(
+        results = model.generate_batch(
             rows, generation_config=config, continuous_batching_config=cb_config, warmup=False
         )
         results = list(results.values())

@@ -53,6 +53,31 @@ def test_adapter_loads_merged_and_changes_the_model(tiny_adapter, smollm2_dir):
     assert tuned.generate(conv, params)[0].text != base
 
 
+def test_plan_adapter_serves_plan_steps_only(tiny_adapter, smollm2_dir):
+    """With `plan_adapter`, a call marked `step="plan"` runs on the plan adapter's weights, every other on `adapter`'s
+    (here none: the base model); the prefix cache of one never feeds the other."""
+    from agent.backends.base import SamplingParams
+    from agent.backends.hf import TransformersPolicy
+
+    conv = [[{"role": "system", "content": "You are brief. " * 20}, {"role": "user", "content": "Name a large city."}]]
+    base = TransformersPolicy(smollm2_dir, prefix_cache_mb=0).generate(conv, SamplingParams(max_new_tokens=6))[0]
+    tuned = TransformersPolicy(smollm2_dir, adapter=str(tiny_adapter), prefix_cache_mb=0)
+    tuned_text = tuned.generate(conv, SamplingParams(max_new_tokens=6))[0].text
+    split = TransformersPolicy(smollm2_dir, plan_adapter=str(tiny_adapter), prefix_cache_mb=64)
+    assert "plan:" in split.name
+    for _ in range(2):  # the second round reads each model's own cached prefix
+        for step, want in (("plan", tuned_text), ("answer", base.text), (None, base.text), ("plan", tuned_text)):
+            assert split.generate(conv, SamplingParams(max_new_tokens=6, step=step))[0].text == want, step
+    assert split.prefix_cache.hits and split.plan_prefix_cache.hits
+
+
+def test_missing_plan_adapter_names_the_folder(tmp_path):
+    from agent.backends.hf import TransformersPolicy
+
+    with pytest.raises(FileNotFoundError, match=r"nowhere.*has no adapter_config.json"):
+        TransformersPolicy("smollm2", plan_adapter=str(tmp_path / "nowhere"))
+
+
 def test_adapter_trained_on_another_base_is_one_clear_error(tiny_adapter, tmp_path, smollm2_dir):
     from agent.backends.hf import TransformersPolicy
 
@@ -79,5 +104,34 @@ def test_adapter_on_a_backend_that_cannot_load_it_fails_in_the_config():
 
     with pytest.raises(ValueError, match="policy.adapter is read by the transformers backend"):
         PolicyConfig(backend="vllm", model="m", adapter="/a")
+    with pytest.raises(ValueError, match="policy.plan_adapter is read by the transformers backend"):
+        PolicyConfig(backend="openai", model="m", base_url="http://127.0.0.1:1/v1", plan_adapter="/a")
     with pytest.raises(ValueError, match="runs on the transformers backend"):
         PolicyConfig(backend="vllm", model="smollm2-kbrouter")
+
+
+def test_the_loop_marks_each_call_with_its_step():
+    """What `plan_adapter` dispatches on: plan calls carry step "plan", answer and final calls their own names."""
+    from agent.kbs import KnowledgeBase
+    from agent.loop import AgentConfig, StepAgent
+    from agent.types import Question
+    from tests.fakes import FakeRetriever, ScriptedPolicy
+
+    seen = []
+
+    class Recording(ScriptedPolicy):
+        def generate(self, conversations, params):
+            seen.extend((params.step, "next step" in str(c[-1]["content"])) for c in conversations)
+            return super().generate(conversations, params)
+
+    plans = iter(["<think>t</think>\n<sub-question>a?</sub-question>\n<ret>Text Retriever</ret>",
+                  "<think>t</think>\n<sub-question>None</sub-question>\n<ret>None</ret>"])  # fmt: skip
+
+    def script(conv):
+        return next(plans) if "next step" in str(conv[-1]["content"]) else "<think>t</think>\n<answer>x</answer>"
+
+    kb = KnowledgeBase(name="text", display_name="Text Retriever", retriever=FakeRetriever("text", ["a b"]))
+    [traj] = StepAgent(Recording(script), {"Text Retriever": kb}, AgentConfig(max_steps=3)).run_batch(
+        [Question(id="a", question="q")])  # fmt: skip
+    assert traj.stop_reason == "answered"
+    assert seen == [("plan", True), ("answer", False), ("plan", True), ("final", False)]
