@@ -84,6 +84,8 @@ class ChatRequest(_Model):
     structured_outputs: Any = None
     ebnf: Any = None
     grammar: Any = None
+    # kbrouter's extension: the agent step being decoded, so a policy served with a plan adapter picks its weights
+    kbrouter_step: Literal["plan", "answer", "final"] | None = None
 
 
 _HINTS = {"stream": "stream=true is not supported; send stream=false", "n": "only n=1 is supported"}
@@ -231,6 +233,7 @@ def create_app(  # noqa: ANN201 (an ASGI app)
             seed=req.seed,
             stop=() if grammar else (stop,) if isinstance(stop, str) else tuple(stop),
             grammar=grammar,
+            step=req.kbrouter_step,
         )
         return _to_kbrouter_messages(req.messages, uploads), params
 
@@ -289,6 +292,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="smollm2", help="hub name, local folder, or `smollm2` (default)")
     ap.add_argument("--backend", default="transformers", choices=["transformers", "vl", "vllm"])
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--adapter", default=None, help="transformers backend: a peft (LoRA) adapter folder for `--model`")
+    ap.add_argument(
+        "--plan-adapter",
+        default=None,
+        help="transformers backend: a second adapter for requests marked `kbrouter_step: plan` (clients: policy.send_step)",
+    )
     ap.add_argument("--served-model-name", default=None, help="name clients send as `model`")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
@@ -302,7 +311,15 @@ def main(argv: list[str] | None = None) -> int:
     add_drain_args(ap)
     args = ap.parse_args(argv)
     keys = resolve_api_keys(args.api_key)
-    policy = make_policy(PolicyConfig(backend=args.backend, model=args.model, dtype=args.dtype))
+    policy = make_policy(
+        PolicyConfig(
+            backend=args.backend,
+            model=args.model,
+            dtype=args.dtype,
+            adapter=args.adapter,
+            plan_adapter=args.plan_adapter,
+        )
+    )
     app = create_app(
         policy,
         args.served_model_name or args.model,

@@ -49,6 +49,13 @@ class PolicyConfig:
         default="vllm",
         metadata={"help": "openai backend: how a step grammar is sent: vllm | sglang | llamacpp | none (hosted APIs)"},
     )
+    send_step: bool = field(
+        default=False,
+        metadata={
+            "help": "openai backend: send each request's agent step as `kbrouter_step`, so a `kbrouter serve "
+            "--plan-adapter` server answers the plan steps with its plan adapter (hosted APIs reject the field)"
+        },
+    )
     concurrency: int = 8
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.85
@@ -86,6 +93,8 @@ class PolicyConfig:
                     f"policy.{key} is read by the transformers backend, not {self.backend!r}: merge it into "
                     "the model (peft merge_and_unload + save_pretrained) and serve that folder"
                 )
+        if self.send_step and self.backend != "openai":
+            raise ValueError(f"policy.send_step is read by the openai backend, not {self.backend!r}")
         if self.backend == "openai" and not self.base_url:
             raise ValueError("policy.backend 'openai' needs policy.base_url, e.g. http://127.0.0.1:8000/v1")
 
@@ -136,6 +145,7 @@ def make_policy(cfg: PolicyConfig) -> Policy:
             api_key=cfg.api_key,
             concurrency=cfg.concurrency,
             grammar_field=cfg.grammar_field,
+            send_step=cfg.send_step,
         )
     from agent.backends.vllm_engine import VLLMPolicy
 

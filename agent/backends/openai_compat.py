@@ -66,6 +66,9 @@ class OpenAICompatiblePolicy:
         grammar_field: how a step grammar is sent: `vllm` (`structured_outputs: {grammar}`, also what
             `kbrouter serve` reads), `sglang` (`ebnf`), `llamacpp` (`grammar`), or `none` (hosted APIs, which reject
             unknown fields: constrained decoding is then unavailable).
+        send_step: send each request's agent step (`plan`, `answer`, `final`) as `kbrouter_step`, which
+            `kbrouter serve` reads to pick a plan adapter's weights; off by default, since hosted APIs reject
+            unknown fields.
     """
 
     def __init__(
@@ -78,6 +81,7 @@ class OpenAICompatiblePolicy:
         retries: int = 3,
         backoff: float = 0.5,
         grammar_field: str = "vllm",
+        send_step: bool = False,
     ) -> None:
         import httpx
 
@@ -85,6 +89,7 @@ class OpenAICompatiblePolicy:
             raise ValueError(f"grammar_field {grammar_field!r} is unknown; valid: {sorted(GRAMMAR_FIELDS)}")
         self.grammar_field = grammar_field
         self.supports_grammar = grammar_field != "none"
+        self.send_step = send_step
 
         self.name = model
         self.model = model
@@ -108,6 +113,8 @@ class OpenAICompatiblePolicy:
             body["seed"] = params.seed
         if params.top_k:
             body["top_k"] = params.top_k  # vLLM/SGLang extension
+        if self.send_step and params.step:
+            body["kbrouter_step"] = params.step
         if params.grammar:
             if not self.supports_grammar:
                 raise ValueError("this OpenAI-compatible policy has grammar_field 'none': it cannot send a grammar")

@@ -108,6 +108,8 @@ def test_adapter_on_a_backend_that_cannot_load_it_fails_in_the_config():
         PolicyConfig(backend="openai", model="m", base_url="http://127.0.0.1:1/v1", plan_adapter="/a")
     with pytest.raises(ValueError, match="runs on the transformers backend"):
         PolicyConfig(backend="vllm", model="smollm2-kbrouter")
+    with pytest.raises(ValueError, match="policy.send_step is read by the openai backend"):
+        PolicyConfig(backend="transformers", send_step=True)
 
 
 def test_the_loop_marks_each_call_with_its_step():
@@ -135,3 +137,45 @@ def test_the_loop_marks_each_call_with_its_step():
         [Question(id="a", question="q")])  # fmt: skip
     assert traj.stop_reason == "answered"
     assert seen == [("plan", True), ("answer", False), ("plan", True), ("final", False)]
+
+
+def test_steps_reach_a_served_policy_through_the_openai_backend():
+    """policy.send_step: the agent on the openai backend marks each request, and `kbrouter serve` hands the step
+    to its policy (where a plan adapter dispatches on it); without send_step the request carries none."""
+    from fastapi.testclient import TestClient
+
+    from agent.backends.base import Completion
+    from agent.backends.openai_compat import OpenAICompatiblePolicy
+    from agent.kbs import KnowledgeBase
+    from agent.loop import AgentConfig, StepAgent
+    from agent.server import create_app
+    from agent.types import Question
+    from tests.fakes import FakeRetriever
+
+    seen, plans = [], []
+
+    class Served:
+        """Plans one search, then stops; records the step each request was marked with."""
+
+        name, supports_grammar = "served", True
+
+        def generate(self, conversations, params):
+            seen.append(params.step)
+            if "next step" not in str(conversations[0][-1]["content"]):
+                return [Completion(text="<think>t</think>\n<answer>x</answer>")]
+            plans.append(1)
+            sub, kb = ("a?", "Text Retriever") if len(plans) == 1 else ("None", "None")
+            return [Completion(text=f"<think>t</think>\n<sub-question>{sub}</sub-question>\n<ret>{kb}</ret>")]
+
+    kb = KnowledgeBase(name="text", display_name="Text Retriever", retriever=FakeRetriever("text", ["a b"]))
+    with TestClient(create_app(Served())) as client:
+        for send_step, expected in ((True, ["plan", "answer", "plan", "final"]), (False, [None] * 4)):
+            seen.clear(), plans.clear()
+            policy = OpenAICompatiblePolicy("http://testserver/v1", "served", send_step=send_step)
+            policy._client = client  # the real app in-process: same request, no socket
+            agent = StepAgent(policy, {"Text Retriever": kb}, AgentConfig(max_steps=3, constrained="off"))
+            [traj] = agent.run_batch([Question(id="a", question="q")])
+            assert traj.stop_reason == "answered" and seen == expected
+        bad = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                         "kbrouter_step": "route"})  # fmt: skip
+        assert bad.status_code == 400 and "kbrouter_step" in bad.json()["detail"]
