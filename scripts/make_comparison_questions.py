@@ -11,8 +11,9 @@ A paragraph's category is the head noun of its first sentence's "<title> is a <.
 rock band from Zion" -> band). Only paragraphs of the training sources are read (HotpotQA train and MuSiQue train);
 no HotpotQA dev paragraph, so no scored question's support, is used. The teacher then retrieves each hop's evidence as
 it does for HotpotQA's own comparisons and keeps a trajectory only when both paragraphs are found.
-`scripts/split_steps.py --plan-only text_comparisons` keeps only their plan steps: the yes/no of a template is only as
-good as its category heuristic, so no answer is trained on.
+Stop 34's plan adapter kept only their plan steps (`scripts/split_steps.py --plan-only text_comparisons`); stop 35's
+recipe (`configs/train/smollm2_router_sft_compare_lora_cpu.yaml`) trains their whole trajectories, answers included,
+so a final yes/no is only as good as the category heuristic.
 
 Run: python scripts/make_comparison_questions.py --corpus ../shared/data/text/corpus.jsonl \
          --out data/synth/text_comparison_questions.jsonl
