@@ -8,6 +8,7 @@ same way: a retrieval is a `Step` (its `kb` is the KB name, or `all` for a searc
 | name | what it does |
 |---|---|
 | `no_retrieval` | answer from the question alone |
+| `always_no`, `always_yes` | no model: that word for every yes/no question, no answer to the rest (what a constant earns) |
 | `rag_<kb>` | search the question in one KB, answer from its top-k |
 | `rag_all` | search every KB, concatenate their top-k, answer |
 | `ircot` | IRCoT: alternate one reasoning sentence and a search with it, up to `max_steps` |
@@ -165,6 +166,25 @@ def no_retrieval(questions: Sequence[Question], ctx: MethodContext) -> list[Traj
         think, answer, errors = _answer_of(o)
         out.append(_trajectory(q, [], think, answer, [o.text], errors, gen.meta(i, searches=0)))
     return out
+
+
+_NO_MODEL = {"model": "none", "prompt_tokens": 0, "completion_tokens": 0, "searches": 0}
+
+
+def constant_answer(word: str) -> MethodFn:
+    """A floor with no model: `word` for every yes/no question (`answer_type`), an empty answer to every other.
+
+    A yes/no split that leans one way pays a method that leans the same way; this shows how much.
+    """
+
+    def method(questions: Sequence[Question], ctx: MethodContext) -> list[Trajectory]:
+        return [
+            _trajectory(q, [], "", word if q.metadata.get("answer_type") == "yesno" else "", (), (), _NO_MODEL)
+            for q in questions
+        ]
+
+    method.__name__ = f"always_{word}"
+    return method
 
 
 def _answer_with_hits(
@@ -465,6 +485,8 @@ def random_route_agent(questions: Sequence[Question], ctx: MethodContext) -> lis
 
 BASE_METHODS: dict[str, MethodFn] = {
     "no_retrieval": no_retrieval,
+    "always_no": constant_answer("no"),
+    "always_yes": constant_answer("yes"),
     "rag_all": rag_all,
     "ircot": ircot,
     "iter_retgen": iter_retgen,
@@ -472,6 +494,7 @@ BASE_METHODS: dict[str, MethodFn] = {
     "agent": step_agent,
     "agent_random": random_route_agent,
 }
+NON_RETRIEVING = frozenset({"no_retrieval", "always_no", "always_yes"})  # no recall@k for these
 AGENT_METHODS = frozenset({"agent", "agent_random"})  # methods that run the step protocol (plan / answer / final)
 ROUTING_METHODS = AGENT_METHODS | {"router"}  # methods that choose a KB (routing accuracy); agent variants too
 SINGLE_KB_ALL = "single_kb"  # in a config's method list: one `rag_<kb>` per configured KB

@@ -17,7 +17,7 @@ from agent.types import Trajectory
 from eval.cache import cache_key
 from eval.config import EvalConfig
 from eval.datasets import LoadedDataset
-from eval.methods import AGENT_METHODS, ROUTING_METHODS
+from eval.methods import AGENT_METHODS, NON_RETRIEVING, ROUTING_METHODS
 from eval.paired import paired_difference
 from eval.scoring import macro_average, mean_scores, score_prediction, step_numbers
 from retrievers.jsonl import dumps_line
@@ -123,6 +123,7 @@ def write_report(
     base_of = {m: cfg.base_method(m) for m in methods}  # a variant scores as the built-in method it runs
     routing_methods = [m for m in methods if base_of[m] in ROUTING_METHODS]
     per_ds: dict[str, dict[str, dict]] = {}
+    typed: dict[tuple[str, str, str], list[dict]] = {}  # (answer_type, dataset, method) -> per-question scores
     trajs: dict[tuple[str, str], list[Trajectory]] = {}
     predictions = []
     for ds in loaded:
@@ -139,11 +140,14 @@ def write_report(
                     rec,
                     kb_names,
                     routes=m in routing_methods,
-                    retrieves=m != "no_retrieval",
+                    retrieves=base_of[m] not in NON_RETRIEVING,
                     step_protocol=base_of[m] in AGENT_METHODS,
                     question=q,
                 )
                 rows.append(scores)
+                if not rec.get("error"):
+                    kind = str(q.metadata.get("answer_type") or "open")
+                    typed.setdefault((kind, ds.spec.name, m), []).append(scores)
                 traj = Trajectory.from_dict(rec["trajectory"])
                 trajs.setdefault((ds.group, m), []).append(traj)
                 predictions.append(
@@ -195,6 +199,7 @@ def write_report(
         "macro": macro,
         "macro_over_groups": macro_groups,
         "routing_by_step": routing,
+        "by_answer_type": by_answer_type(typed, groups, methods),
         "paired": paired_against(
             cfg.plot_method, methods, predictions, {ds: g for g, names in groups.items() for ds in names}
         ),
@@ -210,6 +215,31 @@ def write_report(
 
 
 PAIRED_METRIC = "answer/f1_recall"
+ANSWER_TYPES = ("yesno", "open")
+
+
+def by_answer_type(
+    typed: dict[tuple[str, str, str], list[dict]], groups: dict[str, list[str]], methods: list[str]
+) -> dict[str, dict[str, dict[str, float]]]:
+    """`{answer_type: {method: {f1_recall, n}}}`: macro F1-recall (datasets -> groups -> mean, as the scoreboard)
+    over the yes/no questions alone and over the open ones alone; a group with none of a type is left out of it."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for kind in ANSWER_TYPES:
+        for m in methods:
+            per_group = []
+            n = 0
+            for names in groups.values():
+                means = [
+                    sum(r[PAIRED_METRIC] for r in rows) / len(rows)
+                    for d in names
+                    if (rows := [r for r in typed.get((kind, d, m), []) if PAIRED_METRIC in r])
+                ]
+                n += sum(len(typed.get((kind, d, m), [])) for d in names)
+                if means:
+                    per_group.append(sum(means) / len(means))
+            if per_group:
+                out.setdefault(kind, {})[m] = {"f1_recall": sum(per_group) / len(per_group), "n": float(n)}
+    return out
 
 
 def paired_against(reference: str, methods: list[str], predictions: list[dict], group_of: dict[str, str]) -> dict:
@@ -330,6 +360,7 @@ def render_scoreboard(results: dict, groups: dict[str, list[str]]) -> list[str]:
             ),
         ]
     out += render_paired(results.get("paired") or {})
+    out += render_answer_types(results.get("by_answer_type") or {}, methods)
     routing = results["routing_methods"]
     cols = [
         (g, i)
@@ -349,6 +380,34 @@ def render_scoreboard(results: dict, groups: dict[str, list[str]]) -> list[str]:
         ]
         out += ["", markdown_table(["method", *[f"{g} step {i}" for g, i in cols]], rows, [True] * len(cols), values)]
     return out
+
+
+def render_answer_types(typed: dict, methods: list[str]) -> list[str]:
+    """Markdown lines: macro F1-recall on the yes/no questions and on the open ones, each method (none if no types)."""
+    kinds = [k for k in ANSWER_TYPES if typed.get(k)]
+    if not kinds:
+        return []
+    values = [[typed[k].get(m, {}).get("f1_recall") for k in kinds] for m in methods]
+    rows = [
+        [
+            m,
+            *[
+                f"{_fmt(PAIRED_METRIC, v)} ({int(typed[k].get(m, {}).get('n', 0))})"
+                for k, v in zip(kinds, vals, strict=True)
+            ],
+        ]
+        for m, vals in zip(methods, values, strict=True)
+    ]
+    labels = {"yesno": "yes/no F1-R (questions)", "open": "open F1-R (questions)"}
+    return [
+        "",
+        "### F1-recall by answer type",
+        "",
+        "Macro as above, over the yes/no questions alone and over the open ones alone. On yes/no questions a constant "
+        "earns the share of its word (`always_no`, `always_yes`); on open ones it earns nothing.",
+        "",
+        markdown_table(["method", *[labels[k] for k in kinds]], rows, [True] * len(kinds), values),
+    ]
 
 
 def render_paired(paired: dict) -> list[str]:

@@ -1,6 +1,7 @@
 """Paired difference of two methods on one `kbrouter eval` output, with a bootstrap standard error.
 
     python scripts/paired_bootstrap.py outputs/eval/scoreboard_cpu agent_grpo rag_all [--metric answer/f1_recall]
+    python scripts/paired_bootstrap.py outputs/eval/scoreboard_cpu agent_grpo rag_all --answer-type open
 
 The arithmetic is `eval.paired` (the report's macro: datasets -> groups -> mean; questions resampled within each
 dataset); the report itself prints each method against its `plot_method`. This script pairs any two methods.
@@ -19,20 +20,29 @@ from eval.paired import paired_difference  # noqa: E402
 from retrievers.jsonl import read_jsonl  # noqa: E402
 
 
-def load_scores(out_dir: Path, metric: str) -> tuple[dict[str, str], dict[str, dict[tuple[str, str], float]]]:
-    """(dataset -> group, method -> {(dataset, qid): score}) from an eval output folder."""
+def load_scores(
+    out_dir: Path, metric: str, answer_type: str | None = None
+) -> tuple[dict[str, str], dict[str, dict[tuple[str, str], float]]]:
+    """(dataset -> group, method -> {(dataset, qid): score}) from an eval output folder.
+
+    `answer_type` (`yesno` | `open`) keeps only those questions: a constant answer earns nothing on open ones.
+    """
     results = json.loads((out_dir / "results.json").read_text())
     group_of = {name: d["group"] for name, d in results["datasets"].items() if not d.get("skipped")}
     scores: dict[str, dict[tuple[str, str], float]] = {}
     for row in read_jsonl(out_dir / "predictions.jsonl"):
         if row.get("error") or metric not in row["scores"]:
             continue  # failed predictions are left out of every figure, as in the report
+        if answer_type and (row.get("trajectory") or {}).get("metadata", {}).get("answer_type") != answer_type:
+            continue
         scores.setdefault(row["method"], {})[(row["dataset"], row["qid"])] = float(row["scores"][metric])
     return group_of, scores
 
 
-def paired(out_dir: Path, a: str, b: str, metric: str, resamples: int = 2000, seed: int = 0) -> dict:
-    group_of, scores = load_scores(out_dir, metric)
+def paired(
+    out_dir: Path, a: str, b: str, metric: str, resamples: int = 2000, seed: int = 0, answer_type: str | None = None
+) -> dict:
+    group_of, scores = load_scores(out_dir, metric, answer_type)
     r = paired_difference(scores.get(a, {}), scores.get(b, {}), group_of, resamples, seed)
     if r is None:
         raise SystemExit(f"no question scored by both {a!r} and {b!r} in {out_dir / 'predictions.jsonl'}")
@@ -46,8 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("b")
     ap.add_argument("--metric", default="answer/f1_recall")
     ap.add_argument("--resamples", type=int, default=2000)
+    ap.add_argument("--answer-type", choices=("yesno", "open"), default=None, help="only these questions")
     args = ap.parse_args(argv)
-    r = paired(args.out_dir, args.a, args.b, args.metric, args.resamples)
+    r = paired(args.out_dir, args.a, args.b, args.metric, args.resamples, answer_type=args.answer_type)
     print(
         f"{args.a} - {args.b}: macro {args.metric} {100 * r['diff']:+.1f} x100, bootstrap s.e. "
         f"{100 * r['se']:.1f} ({r['diff'] / r['se'] if r['se'] else float('inf'):+.2f} s.e.), {r['n']} questions"

@@ -152,3 +152,25 @@ def test_constrained_baselines_need_structured_output_and_off_sends_none(fake_kb
     ctx = MethodContext(policy, fake_kbs, AgentConfig(max_steps=2, max_retries=0, constrained="off"))
     available_methods(["wiki", "tables"])["rag_all"](QS, ctx)
     assert policy.grammars == [None]
+
+
+def test_constant_baselines_answer_yes_no_questions_only_and_never_call_the_policy(fake_kbs) -> None:
+    from eval.scoring import score_prediction
+
+    class Refusing(FakePolicy):
+        def generate(self, conversations, params):
+            raise AssertionError("a constant baseline must not generate")
+
+    ctx = MethodContext(Refusing(), fake_kbs, AgentConfig(max_steps=2, max_retries=0))
+    qs = [
+        Question(id="yn", question="Is Paris in France?", answers=("yes",), metadata={"answer_type": "yesno"}),
+        Question(id="open", question="Where is Paris?", answers=("France",), metadata={"answer_type": "open"}),
+    ]
+    methods = available_methods(["wiki", "tables"])
+    for word in ("yes", "no"):
+        yn, open_q = methods[f"always_{word}"](qs, ctx)
+        assert (yn.final_answer, open_q.final_answer) == (word, "")
+        assert yn.steps == () and yn.metadata["searches"] == 0 and yn.stop_reason == "answered"
+        scores = score_prediction({"trajectory": yn.to_dict()}, ["wiki"], routes=False, retrieves=False)
+        assert scores["answer/f1_recall"] == (1.0 if word == "yes" else 0.0)
+        assert scores["count/outputs"] == 0  # nothing generated, so no valid-step figure

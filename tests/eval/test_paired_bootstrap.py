@@ -48,3 +48,22 @@ def test_methods_with_no_common_question_are_a_clear_error(tmp_path: Path, load_
     _write(tmp_path / "run", {"x": {"a1": [1]}})
     with pytest.raises(SystemExit, match="no question scored by both 'x' and 'rag_all'"):
         mod.paired(tmp_path / "run", "x", "rag_all", "answer/f1_recall")
+
+
+def test_answer_type_keeps_only_those_questions(tmp_path: Path, load_script) -> None:
+    mod = load_script("scripts/paired_bootstrap.py")
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "results.json").write_text(json.dumps({"datasets": {"a1": {"group": "a", "skipped": ""}}}))
+    # x wins the yes/no question, y the open one: the filter decides which difference is reported
+    rows = [
+        {"method": m, "dataset": "a1", "qid": qid, "error": "", "scores": {"answer/f1_recall": x},
+         "trajectory": {"metadata": {"answer_type": kind}}}
+        for m, qid, kind, x in [("x", "q1", "yesno", 1.0), ("y", "q1", "yesno", 0.0),
+                                ("x", "q2", "open", 0.0), ("y", "q2", "open", 1.0)]
+    ]  # fmt: skip
+    (out / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert mod.paired(out, "x", "y", "answer/f1_recall", resamples=50)["diff"] == pytest.approx(0.0)
+    assert mod.paired(out, "x", "y", "answer/f1_recall", resamples=50, answer_type="yesno")["diff"] == 1.0
+    r = mod.paired(out, "x", "y", "answer/f1_recall", resamples=50, answer_type="open")
+    assert r["diff"] == -1.0 and r["n"] == 1

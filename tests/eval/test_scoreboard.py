@@ -494,3 +494,18 @@ def test_tabfact_is_asked_as_synthesis_asks_it_for_training(tmp_path: Path) -> N
     (q_synth,), _ = read_inputs([InputSpec(path=str(path), format="tabfact")])
     assert q_eval.question == q_synth.question == "Is it true that the team score 3 goal?"
     assert q_eval.answers == q_synth.answers == ("no",) and q_eval.id == q_synth.id
+
+
+def test_report_splits_f1_recall_by_answer_type_and_constants_earn_only_their_word(
+    tmp_path: Path, questions_file: Path, fake_kbs
+) -> None:
+    cfg = load_eval_config(eval_yaml(tmp_path, questions_file, ["always_no", "always_yes", "agent"]))
+    results = run_eval(cfg, kbs=fake_kbs, policy_factory=lambda s, w: FakePolicy())
+    typed = results["by_answer_type"]
+    assert typed["yesno"]["always_yes"] == {"f1_recall": 1.0, "n": 1.0}  # q4, "Is Rome the capital of Italy?"
+    assert typed["yesno"]["always_no"]["f1_recall"] == 0.0
+    assert typed["open"]["always_yes"] == {"f1_recall": 0.0, "n": 3.0}  # a constant answers no open question
+    assert typed["open"]["agent"]["f1_recall"] > 0.0
+    assert "retrieval/recall@k" not in results["per_dataset"]["toy"]["always_no"]  # it never retrieves
+    report = (Path(cfg.output_dir) / "report.md").read_text()
+    assert "### F1-recall by answer type" in report and "| always_yes | **100.0 (1)** | 0.0 (3) |" in report
