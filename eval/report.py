@@ -226,19 +226,12 @@ def by_answer_type(
     out: dict[str, dict[str, dict[str, float]]] = {}
     for kind in ANSWER_TYPES:
         for m in methods:
-            per_group = []
-            n = 0
-            for names in groups.values():
-                means = [
-                    sum(r[PAIRED_METRIC] for r in rows) / len(rows)
-                    for d in names
-                    if (rows := [r for r in typed.get((kind, d, m), []) if PAIRED_METRIC in r])
-                ]
-                n += sum(len(typed.get((kind, d, m), [])) for d in names)
-                if means:
-                    per_group.append(sum(means) / len(means))
-            if per_group:
-                out.setdefault(kind, {})[m] = {"f1_recall": sum(per_group) / len(per_group), "n": float(n)}
+            rows = {d: typed.get((kind, d, m), []) for names in groups.values() for d in names}
+            per_group = {g: macro_average({d: mean_scores(rows[d]) for d in names}) for g, names in groups.items()}
+            macro = macro_average(per_group)  # a dataset or group with none of this type has no F1-R: left out
+            if PAIRED_METRIC in macro:
+                n = float(sum(len(r) for r in rows.values()))
+                out.setdefault(kind, {})[m] = {"f1_recall": macro[PAIRED_METRIC], "n": n}
     return out
 
 

@@ -22,13 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from agent.metrics import normalize_answer  # noqa: E402
 from retrievers.jsonl import read_jsonl  # noqa: E402
-
-_WORD = re.compile(r"\w+")
-
-
-def _norm(text: str) -> str:
-    return " ".join(_WORD.findall(text.lower()))
 
 
 def names_evidence_line(answer: str, kbs: Iterable[str]) -> bool:
@@ -38,8 +33,8 @@ def names_evidence_line(answer: str, kbs: Iterable[str]) -> bool:
 
 
 def copies_question(answer: str, question: str, min_words: int = 4) -> bool:
-    words = _norm(answer)
-    return len(words.split()) >= min_words and f" {words} " in f" {_norm(question)} "
+    words = normalize_answer(answer)
+    return len(words.split()) >= min_words and f" {words} " in f" {normalize_answer(question)} "
 
 
 def think_is_open(think: str, answer: str) -> bool:
@@ -47,7 +42,7 @@ def think_is_open(think: str, answer: str) -> bool:
     t = think.strip()
     if not t:
         return False
-    return not (t[-1] in ".!?)\"'" or (answer.strip() and _norm(t).endswith(_norm(answer))))
+    return not (t[-1] in ".!?)\"'" or (answer.strip() and normalize_answer(t).endswith(normalize_answer(answer))))
 
 
 def trajectory_defects(traj: dict) -> Counter:
