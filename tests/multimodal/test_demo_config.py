@@ -13,7 +13,7 @@ def test_demo_multimodal_config_parses():
     configs = load_kb_configs(ROOT / "configs" / "kb" / "demo_multimodal.yaml")
     assert [(c.name, c.display_name, c.kind) for c in configs] == [
         ("text", "Text Retriever", "text"),
-        ("table", "Table Retriever", "table"),
+        ("table", "WikiTable Retriever", "table"),
         ("image", "Image Retriever", "image"),
         ("clip", "Clip Retriever", "clip"),
         ("video", "Video Retriever", "video"),
