@@ -5,12 +5,18 @@
 - table: TabFact statements -> the table they are about, among 1,000 tables; a seeded sample of statements;
   recall@1/5 is the fraction whose table is in the top k.
 
+- eval questions (`--predictions`): the sub-questions a method of a `kbrouter eval` run sent to one KB of a KB file
+  (`--kb-config`, `--kb`), against the gold paragraphs of each question whose gold KB it is: recall@1/3/5, the
+  recall@3 being what the agent reads at `top_k: 3`. The index is that KB's own (built if missing).
+
 Indexes are built once (hybrid, flat, all-MiniLM-L6-v2) into the cache folder and reused on later runs. The
 dense and BM25 lists are taken `--depth` deep once, and every hybrid setting fuses prefixes of those same lists
 with `reciprocal_rank_fusion`, exactly as `search` does. Run on CPU (about 10-20 min the first time on 2 cores):
 
     python benchmarks/retrieval_quality.py
     python benchmarks/retrieval_quality.py --only table --statements 500 --seed 1
+    python benchmarks/retrieval_quality.py --predictions outputs/eval/scoreboard_cpu --method agent_grpo \
+        --kb-config configs/kb/eval_cpu.yaml --kb wiki
 """
 
 from __future__ import annotations
@@ -87,6 +93,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--statements", type=int, default=1000, help="TabFact statements sampled")
     parser.add_argument("--seed", type=int, default=0, help="seed of the statement sample")
     parser.add_argument("--depth", type=int, default=100, help="candidates taken from each ranker")
+    parser.add_argument("--predictions", type=Path, help="a `kbrouter eval` output folder or predictions file")
+    parser.add_argument("--method", default="agent_grpo", help="with --predictions: whose sub-questions")
+    parser.add_argument("--kb-config", type=Path, help="with --predictions: the KB file the eval ran on")
+    parser.add_argument("--kb", default="wiki", help="with --predictions: the KB (by name) to measure")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
@@ -95,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from retrievers.config import KBConfig, default_cache_dir
 
+    if args.predictions is not None:
+        return eval_questions(parser, args)
     cache = args.cache_dir or default_cache_dir() / "bench"
     data = args.shared
     if not (data / "text" / "corpus.jsonl").exists():
@@ -121,6 +133,37 @@ def main(argv: list[str] | None = None) -> int:
                    unit_id=lambda h: h.doc.id)  # fmt: skip
         print_table(f"TABLE: {len(sample)} TabFact statements (random.Random({args.seed}).sample of "
                     f"{len(statements):,}) -> their table among 1,000 (caption + page title + rows)", ks, rows)  # fmt: skip
+    return 0
+
+
+def eval_questions(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """Recall of one KB on the sub-questions an eval method sent it (first search; the question if none)."""
+    from retrievers.config import load_kb_configs
+    from retrievers.jsonl import read_jsonl
+
+    if args.kb_config is None:
+        parser.error("--predictions needs --kb-config: the KB file the eval ran on")
+    path = args.predictions / "predictions.jsonl" if args.predictions.is_dir() else args.predictions
+    if not path.is_file():
+        parser.error(f"{path} does not exist: pass a `kbrouter eval` output folder or its predictions.jsonl")
+    cfgs = {c.name: c for c in load_kb_configs(args.kb_config)}
+    if args.kb not in cfgs:
+        parser.error(f"KB {args.kb!r} is not in {args.kb_config} (it has {', '.join(cfgs)})")
+    queries, gold = [], []
+    for row in read_jsonl(path):
+        meta = (row.get("trajectory") or {}).get("metadata") or {}
+        if row.get("method") != args.method or meta.get("gold_kb") != args.kb or not meta.get("gold_evidence"):
+            continue
+        steps = row["trajectory"].get("steps") or []
+        queries.append((steps[0].get("sub_question") if steps else None) or row["question"])
+        gold.append(set(meta["gold_evidence"]))
+    if not queries:
+        parser.error(f"no question of method {args.method!r} with gold KB {args.kb!r} and gold evidence in {path}")
+    cfg = dataclasses.replace(cfgs[args.kb], search="hybrid")  # a hybrid index holds the BM25 and dense ones
+    ks = [1, 3, 5]
+    rows = run(cfg, queries, gold, ks, args.depth, unit_id=lambda h: h.doc.metadata.get("doc_id", h.doc.id))
+    print_table(f"{args.kb.upper()}: {len(queries)} sub-questions of {args.method} in {path}; recall of the gold "
+                "evidence", ks, rows)  # fmt: skip
     return 0
 
 
