@@ -7,7 +7,8 @@
 
 - eval questions (`--predictions`): the sub-questions a method of a `kbrouter eval` run sent to one KB of a KB file
   (`--kb-config`, `--kb`), against the gold paragraphs of each question whose gold KB it is: recall@1/3/5, the
-  recall@3 being what the agent reads at `top_k: 3`. The index is that KB's own (built if missing).
+  recall@3 being what the agent reads at `top_k: 3`. The index is that KB's own when it searches hybrid; else a
+  hybrid copy is built in the cache folder.
 
 Indexes are built once (hybrid, flat, all-MiniLM-L6-v2) into the cache folder and reused on later runs. The
 dense and BM25 lists are taken `--depth` deep once, and every hybrid setting fuses prefixes of those same lists
@@ -159,7 +160,12 @@ def eval_questions(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
         gold.append(set(meta["gold_evidence"]))
     if not queries:
         parser.error(f"no question of method {args.method!r} with gold KB {args.kb!r} and gold evidence in {path}")
-    cfg = dataclasses.replace(cfgs[args.kb], search="hybrid")  # a hybrid index holds the BM25 and dense ones
+    cfg = cfgs[args.kb]
+    if cfg.search != "hybrid":  # a hybrid index holds the BM25 and dense ones; never rebuild the KB's own as one
+        from retrievers.config import default_cache_dir
+
+        index_dir = (args.cache_dir or default_cache_dir() / "bench") / f"eval_{cfg.name}"
+        cfg = dataclasses.replace(cfg, search="hybrid", index_dir=index_dir)
     ks = [1, 3, 5]
     rows = run(cfg, queries, gold, ks, args.depth, unit_id=lambda h: h.doc.metadata.get("doc_id", h.doc.id))
     print_table(f"{args.kb.upper()}: {len(queries)} sub-questions of {args.method} in {path}; recall of the gold "

@@ -58,3 +58,19 @@ def test_a_kb_the_file_lacks_is_named(load_script, kb_file, tmp_path, capsys) ->
     with pytest.raises(SystemExit):
         mod.main(["--predictions", str(preds), "--kb-config", str(kb_file), "--kb", "wiki"])
     assert "KB 'wiki' is not in" in capsys.readouterr().err
+
+
+def test_a_bm25_kb_is_measured_on_a_hybrid_copy_and_its_own_index_is_left_alone(load_script, tmp_path, capsys) -> None:
+    mod = load_script("benchmarks/retrieval_quality.py")
+    own = tmp_path / "own_index"
+    kbs = tmp_path / "kbs.yaml"
+    kbs.write_text(
+        "knowledge_bases:\n  - name: text\n    display_name: Text Retriever\n    kind: text\n"
+        f"    corpus: {DEMO / 'passages.jsonl'}\n    search: bm25\n    index_dir: {own}\n"
+    )
+    preds = tmp_path / "predictions.jsonl"
+    preds.write_text(json.dumps(_row(TEXT_QUESTIONS[0], "agent", TEXT_QUESTIONS[0]["question"])) + "\n")
+    args = ["--predictions", str(preds), "--kb-config", str(kbs), "--kb", "text", "--cache-dir", str(tmp_path / "c")]
+    assert mod.main([*args, "--method", "agent"]) == 0
+    assert "1 sub-questions of agent" in capsys.readouterr().out
+    assert not own.exists() and (tmp_path / "c" / "eval_text").is_dir()
