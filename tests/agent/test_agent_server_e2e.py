@@ -45,7 +45,7 @@ def test_smollm2_over_the_demo_kb_streams_real_steps(smollm2_dir):
     assert hits and all(h["kb"] in {"text", "table"} for h in hits)  # cards name the KB, not its display name
     assert [h["rank"] for h in hits] == list(range(len(hits)))  # the cards in rank order, best score first
     assert all(a["score"] >= b["score"] for a, b in zip(hits, hits[1:], strict=False))
-    display = {"text": "Text Retriever", "table": "Table Retriever"}[hits[0]["kb"]]
+    display = {kb.name: kb.display_name for kb in kbs.values()}[hits[0]["kb"]]
     assert (searched[0]["kb"], searched[0]["kb_name"]) == (display, hits[0]["kb"])  # the event names its KB both ways
     content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert content == traj.final_answer

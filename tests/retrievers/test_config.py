@@ -180,7 +180,7 @@ def test_shipped_configs_parse(name):
     assert configs and all(c.display_name for c in configs)
     if name == "demo.yaml":  # media KBs may be added beside these two
         declared = {(c.name, c.display_name, c.kind) for c in configs}
-        assert {("text", "Text Retriever", "text"), ("table", "Table Retriever", "table")} <= declared
+        assert {("text", "Text Retriever", "text"), ("table", "WikiTable Retriever", "table")} <= declared
 
 
 def test_milvus_uri_resolves_like_corpus(tmp_path):
