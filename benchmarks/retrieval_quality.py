@@ -155,8 +155,8 @@ def eval_questions(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
         meta = (row.get("trajectory") or {}).get("metadata") or {}
         if row.get("method") != args.method or meta.get("gold_kb") != args.kb or not meta.get("gold_evidence"):
             continue
-        steps = row["trajectory"].get("steps") or []
-        queries.append((steps[0].get("sub_question") if steps else None) or row["question"])
+        searched = next((s for s in row["trajectory"].get("steps") or [] if s.get("kb")), None)
+        queries.append((searched or {}).get("sub_question") or row["question"])
         gold.append(set(meta["gold_evidence"]))
     if not queries:
         parser.error(f"no question of method {args.method!r} with gold KB {args.kb!r} and gold evidence in {path}")

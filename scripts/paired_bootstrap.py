@@ -33,7 +33,8 @@ def load_scores(
     for row in read_jsonl(out_dir / "predictions.jsonl"):
         if row.get("error") or metric not in row["scores"]:
             continue  # failed predictions are left out of every figure, as in the report
-        if answer_type and (row.get("trajectory") or {}).get("metadata", {}).get("answer_type") != answer_type:
+        meta = (row.get("trajectory") or {}).get("metadata") or {}
+        if answer_type and (meta.get("answer_type") or "open") != answer_type:  # untyped is open, as in the report
             continue
         scores.setdefault(row["method"], {})[(row["dataset"], row["qid"])] = float(row["scores"][metric])
     return group_of, scores

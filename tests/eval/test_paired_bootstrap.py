@@ -67,3 +67,20 @@ def test_answer_type_keeps_only_those_questions(tmp_path: Path, load_script) -> 
     assert mod.paired(out, "x", "y", "answer/f1_recall", resamples=50, answer_type="yesno")["diff"] == 1.0
     r = mod.paired(out, "x", "y", "answer/f1_recall", resamples=50, answer_type="open")
     assert r["diff"] == -1.0 and r["n"] == 1
+
+
+def test_an_untyped_question_counts_as_open_as_in_the_report(tmp_path: Path, load_script) -> None:
+    mod = load_script("scripts/paired_bootstrap.py")
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "results.json").write_text(json.dumps({"datasets": {"a1": {"group": "a", "skipped": ""}}}))
+    rows = [
+        {"method": m, "dataset": "a1", "qid": "q1", "error": "", "scores": {"answer/f1_recall": x},
+         "trajectory": {"metadata": {}}}
+        for m, x in [("x", 0.0), ("y", 1.0)]
+    ]  # fmt: skip
+    (out / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = mod.paired(out, "x", "y", "answer/f1_recall", resamples=50, answer_type="open")
+    assert r["diff"] == -1.0 and r["n"] == 1
+    with pytest.raises(SystemExit, match="no question scored by both"):
+        mod.paired(out, "x", "y", "answer/f1_recall", resamples=50, answer_type="yesno")

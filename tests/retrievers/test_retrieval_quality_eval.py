@@ -74,3 +74,18 @@ def test_a_bm25_kb_is_measured_on_a_hybrid_copy_and_its_own_index_is_left_alone(
     assert mod.main([*args, "--method", "agent"]) == 0
     assert "1 sub-questions of agent" in capsys.readouterr().out
     assert not own.exists() and (tmp_path / "c" / "eval_text").is_dir()
+
+
+def test_the_query_is_the_first_searched_step_not_a_stop_plan(load_script, kb_file, tmp_path, capsys) -> None:
+    mod = load_script("benchmarks/retrieval_quality.py")
+    rows = []
+    for q in TEXT_QUESTIONS:
+        row = _row(q, "agent", q["question"])
+        row["trajectory"]["steps"].insert(0, {"sub_question": None, "kb": None})  # a stop plan before the search
+        row["question"] = "what is it?"  # the fallback, were the stop plan taken for the first step
+        rows.append(row)
+    preds = tmp_path / "predictions.jsonl"
+    preds.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ["--predictions", str(preds), "--kb-config", str(kb_file), "--kb", "text", "--method", "agent"]
+    assert mod.main(args) == 0
+    assert _recall_at_5(capsys.readouterr().out, "hybrid") >= 0.5
