@@ -27,9 +27,12 @@ from agent.protocol import (
     parse_plan,
     plan_grammar,
     plan_messages,
+    ret_choice,
+    ret_prefix,
     strip_tags,
     with_format_reminder,
 )
+from agent.routing import RoutePrior, normalized
 from agent.types import Question, Step, Trajectory
 from retrievers.types import Hit, Query
 
@@ -55,6 +58,19 @@ def use_constrained(mode: str, policy: Policy) -> bool:
             "openai server with policy.grammar_field vllm | sglang | llamacpp; or set agent.constrained: auto or off"
         )
     return False
+
+
+def make_route_prior(config: AgentConfig, policy: Policy, kbs: dict[str, KnowledgeBase]) -> RoutePrior | None:
+    """The agent's route prior, or None when `agent.route_prior` is 0; a policy that cannot score text fails here."""
+    if config.route_prior == 0:
+        return None
+    if not getattr(policy, "supports_continuation_scoring", False):
+        raise ValueError(
+            f"agent.route_prior is {config.route_prior} but policy {getattr(policy, 'name', policy)!r} "
+            f"({type(policy).__name__}) cannot score the KB names it did not write. Fix: use the transformers "
+            "backend, or set agent.route_prior: 0"
+        )
+    return RoutePrior(kbs, config.route_prior, config.route_prior_encoder)
 
 
 @dataclass(frozen=True)
@@ -99,6 +115,15 @@ class AgentConfig:
         default=0,
         metadata={"help": "images/frames behind the hits shown to a VL policy in the answer step (0 = none)"},
     )
+    route_prior: float = field(
+        default=0.0,
+        metadata={
+            "help": "weight w of the evidence-aware route prior (agent/routing.py): a search goes to the KB "
+            "maximising log p_policy(KB) + w * (affinity - best affinity), the affinity being the best cosine of the "
+            "sub-question with the KB's docs; 0 = the policy routes alone"
+        },
+    )
+    route_prior_encoder: str = field(default="minilm", metadata={"help": "text encoder of the route prior"})
     retry_temperature: float = field(
         default=0.0,
         metadata={
@@ -132,6 +157,8 @@ class AgentConfig:
             raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")
         if not 0 <= self.min_steps <= max(self.max_steps, 0):
             raise ValueError(f"min_steps must be in [0, max_steps={self.max_steps}], got {self.min_steps}")
+        if not self.route_prior >= 0 or self.route_prior == float("inf"):
+            raise ValueError(f"agent.route_prior must be a finite weight >= 0 (0 = off), got {self.route_prior}")
         if self.constrained not in CONSTRAINED:
             raise ValueError(f"agent.constrained must be one of {CONSTRAINED}, got {self.constrained!r}")
 
@@ -194,6 +221,8 @@ class StepAgent:
                 "answer": answer_grammar(cfg.answer_tokens).ebnf,
                 "final": answer_grammar(cfg.final_tokens).ebnf,
             }
+
+        self.route_prior = make_route_prior(self.config, policy, kbs)  # fails here too, before any generation
 
     def _params(self, step: str, stop: str, salt: int, step_index: int = 0) -> SamplingParams:
         cfg = self.config
@@ -278,9 +307,11 @@ class StepAgent:
                 lambda text: parse_plan(text, names, require_think=cfg.require_think),
                 self._params("plan", "</ret>", salt=10 * step_i, step_index=step_i),
             )
+            routes = self._route(convs, plans) if self.route_prior else {}
             plan_s = time.perf_counter() - t0
             to_retrieve: list[tuple[_State, PlanParse, list[str]]] = []
-            for s, (parsed, raw) in zip(active, plans, strict=True):
+            route_of: dict[int, dict] = {}
+            for i, (s, (parsed, raw)) in enumerate(zip(active, plans, strict=True)):
                 if parsed is None:  # backend error
                     s.planning = False
                     continue
@@ -302,6 +333,7 @@ class StepAgent:
                     s.planning = False
                 else:
                     to_retrieve.append((s, parsed, raw))
+                    route_of[id(s)] = routes.get(i, {})
                 self._emit(
                     on_event,
                     s.q.id,
@@ -312,6 +344,7 @@ class StepAgent:
                         "sub_question": parsed.sub_question,
                         "kb": parsed.kb,
                         "errors": list(parsed.errors),
+                        **({"route": routes[i]} if i in routes else {}),
                     },
                 )
             if not to_retrieve:
@@ -354,6 +387,7 @@ class StepAgent:
                         raw=tuple(raw + araw),
                         format_errors=parsed.errors,
                         timings={"plan_s": plan_s, "retrieve_s": retrieve_s, "answer_s": answer_s},
+                        route=route_of.get(id(s), {}),
                     )
                 )
                 self._emit(
@@ -363,6 +397,38 @@ class StepAgent:
             if s.planning and s.stop_reason == "answered":
                 s.stop_reason = "max_steps"
         return self._finish(states, on_event)
+
+    def _route(
+        self, convs: list[list[Message]], plans: list[tuple[PlanParse | AnswerParse | None, list[str]]]
+    ) -> dict[int, dict]:
+        """Re-pick each search's KB with the route prior (`agent.routing`), in place in `plans`; returns, by position,
+        what each routed step records. The policy's log-probabilities are read after its own plan text up to `<ret>`,
+        on the step's first conversation (a re-asked step's reminder turn is not in it)."""
+        assert self.route_prior is not None
+        todo = []
+        for i, (parsed, raw) in enumerate(plans):
+            if isinstance(parsed, PlanParse) and parsed.ok and not parsed.stop and ret_prefix(raw[-1]) is not None:
+                todo.append(i)
+        if not todo:
+            return {}
+        names = list(self.kbs)
+        scores = self.policy.continuation_logprobs(  # type: ignore[attr-defined] - checked in make_route_prior
+            [convs[i] for i in todo],
+            [ret_prefix(plans[i][1][-1]) for i in todo],
+            [ret_choice(n) for n in names],
+            step="plan",
+        )
+        affinities = self.route_prior.affinity([plans[i][0].sub_question for i in todo])  # type: ignore[union-attr]
+        out = {}
+        for i, logps, affinity in zip(todo, scores, affinities, strict=True):
+            parsed, raw = plans[i]
+            assert isinstance(parsed, PlanParse) and parsed.kb is not None
+            logprobs = dict(zip(names, normalized(logps), strict=True))
+            chosen = self.route_prior.choose(parsed.kb, logprobs, affinity)
+            out[i] = self.route_prior.describe(logprobs, affinity, parsed.kb, chosen)
+            if chosen != parsed.kb:
+                plans[i] = (replace(parsed, kb=chosen), raw)
+        return out
 
     def _retrieve(self, items: list[tuple[_State, PlanParse, list[str]]]) -> list[list[Hit]]:
         by_kb: dict[str, list[int]] = {}

@@ -42,9 +42,13 @@ class Step:
     format_errors: tuple[str, ...] = ()
     timings: dict = field(default_factory=dict, compare=False, hash=False)
     tokens: dict = field(default_factory=dict, compare=False, hash=False)
+    # the route prior's view of this step (`agent.routing`): the policy's KB, the fused one, their scores
+    route: dict = field(default_factory=dict, compare=False, hash=False)
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        if not d["route"]:  # records of agents without a route prior stay as they were
+            del d["route"]
         d["hits"] = [h.to_dict() for h in self.hits]
         d["raw"] = list(self.raw)
         d["format_errors"] = list(self.format_errors)
@@ -64,6 +68,7 @@ class Step:
             format_errors=tuple(d.get("format_errors", [])),
             timings=dict(d.get("timings") or {}),
             tokens=dict(d.get("tokens") or {}),
+            route=dict(d.get("route") or {}),
         )
 
 

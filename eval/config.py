@@ -242,7 +242,7 @@ class EvalConfig:
             # a variant that runs another built-in method (fingerprints of the others are as they were before `method:`)
             **({"runs": runs} if (runs := self.variant_methods().get(method, AGENT)) != AGENT else {}),
             "policy": policy,
-            "agent": asdict(self.agent_config(method)),
+            "agent": agent_fingerprint_fields(self.agent_config(method)),
             "k_per_kb": self.k_per_kb,
             "kb_config": str(self.kb_config),
         }
@@ -253,6 +253,15 @@ class EvalConfig:
             data["weights"] = stamps
         blob = json.dumps(data, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def agent_fingerprint_fields(agent: AgentConfig) -> dict:
+    """The loop settings a fingerprint covers: all of them, less the route prior's while it is off (settings added
+    after predictions were cached; off, they leave every agent as it was, so its cached predictions stay valid)."""
+    data = asdict(agent)
+    if agent.route_prior == 0:
+        del data["route_prior"], data["route_prior_encoder"]
+    return data
 
 
 VARIANT_KEYS = ("method", "policy", "agent")

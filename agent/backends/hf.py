@@ -149,6 +149,47 @@ class TransformersPolicy:
                 out[i] = c
         return out  # type: ignore[return-value]
 
+    supports_continuation_scoring = True  # `continuation_logprobs`: what `agent.route_prior` reads
+
+    def continuation_logprobs(
+        self,
+        conversations: list[list[Message]],
+        prefixes: list[str],
+        continuations: list[str],
+        step: str | None = None,
+    ) -> list[list[float]]:
+        """Per conversation, the summed log-probability of each continuation after its rendered prompt + prefix.
+
+        One forward pass over each prompt, then all continuations in one batch on a copy of its cache. `step`
+        picks the weights as `generate` does (`plan` runs on the plan adapter's, when there is one).
+        """
+        import torch
+
+        model, _ = self._weights(SamplingParams(max_new_tokens=1, step=step))
+        tok = self.tokenizer
+        cont = [tok(c, add_special_tokens=False)["input_ids"] for c in continuations]
+        if not cont or any(not ids for ids in cont):
+            raise ValueError(f"continuation_logprobs needs non-empty continuations, got {continuations!r}")
+        width = max(len(ids) for ids in cont)
+        batch = torch.full((len(cont), width), tok.pad_token_id, dtype=torch.long, device=self.device)
+        real = torch.zeros((len(cont), width), dtype=torch.long, device=self.device)
+        for i, ids in enumerate(cont):  # right-padded: a row's scores only read its own positions
+            batch[i, : len(ids)] = torch.tensor(ids, device=self.device)
+            real[i, : len(ids)] = 1
+        out = []
+        with torch.inference_mode():
+            for conv, prefix in zip(conversations, prefixes, strict=True):
+                ids = tok(self.render(conv) + prefix, return_tensors="pt", add_special_tokens=False)["input_ids"]
+                first = model(input_ids=ids.to(self.device), use_cache=True)
+                mask = torch.cat(
+                    [torch.ones((len(cont), ids.shape[1]), dtype=torch.long, device=self.device), real], 1
+                )
+                rest = model(input_ids=batch, attention_mask=mask, cache=expanded(first.cache, len(cont)))
+                logits = torch.cat([first.logits[:, -1:].expand(len(cont), -1, -1), rest.logits[:, :-1]], 1)
+                picked = logits.float().log_softmax(-1).gather(-1, batch.unsqueeze(-1)).squeeze(-1)
+                out.append([float(picked[i, : len(c)].sum()) for i, c in enumerate(cont)])
+        return out
+
     def _weights(self, params: SamplingParams):  # noqa: ANN202 - (transformers model, PrefixCache | None)
         """The model a call runs on (the plan adapter's for plan steps, when there is one) and its prefix cache."""
         if params.step == "plan" and self.plan_model is not None:

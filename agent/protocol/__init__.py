@@ -43,7 +43,9 @@ from agent.protocol.tags import (
     normalize_kb,
     parse_answer,
     parse_plan,
+    ret_choice,
     ret_content,
+    ret_prefix,
     ret_span,
     strip_tags,
 )
@@ -54,5 +56,5 @@ __all__ = [
     "add_evidence_images", "answer_grammar", "answer_messages", "check_display_name", "evidence_image_paths",
     "final_messages", "fit_answer", "fit_plan", "format_answer", "format_plan", "history_lines", "is_none",
     "kb_list", "normalize_kb", "parse_answer", "parse_plan", "plan_grammar", "plan_kb_list", "plan_messages",
-    "render_hits", "ret_content", "ret_span", "route_grammar", "strip_tags", "with_format_reminder", "with_kb_list",
+    "render_hits", "ret_choice", "ret_content", "ret_prefix", "ret_span", "route_grammar", "strip_tags", "with_format_reminder", "with_kb_list",
 ]  # fmt: skip

@@ -53,6 +53,18 @@ def ret_content(text: str) -> str | None:
     return m.group(1) if m else None
 
 
+def ret_prefix(text: str) -> str | None:
+    """The completion up to its first `<ret>` open tag, included (what the policy had written before naming a KB);
+    None without one."""
+    m = _RET_OPEN_ENDED.search(text)
+    return text[: m.start(1)] if m else None
+
+
+def ret_choice(kb: str) -> str:
+    """The rest of a plan completion after `ret_prefix` when it names `kb`: what the route prior scores."""
+    return f"{kb}</{RET}>"
+
+
 def ret_span(text: str) -> tuple[int, int] | None:
     """`(start, end)` of the content of the first closed `<ret>…</ret>`, to replace it in place; None without one."""
     m = _PATTERNS[RET].search(text)

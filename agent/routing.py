@@ -1,0 +1,149 @@
+"""Evidence-aware routing (`agent.route_prior`): the policy's own preference among the KBs, fused with how close each
+KB's content is to the sub-question it wrote.
+
+A plan step's KB is then `argmax_k log p(k | plan so far) + w * (a_k - max_j a_j)`, where `p` is the policy's
+probability of writing KB `k` inside `<ret>` (renormalised over the KBs), and `a_k` is the KB's *affinity*: the
+largest cosine between the sub-question and the KB's docs under a small text encoder (MiniLM by default). With
+w = 0 the policy routes alone. The policy still decides whether to search at all; only the KB of a search moves.
+
+Why: a 135M router routes by the words of the question, and a question with no cue of its KB ("Which animals are
+chained on both sides of Sinbad?") goes to the text KB, while the clip KB holds a shot note naming the lions. The
+affinity sees the content; the policy's log-probability keeps what it knows better (which of two table KBs holds a
+statement's table), so neither alone routes as well as the sum.
+
+A KB's affinity needs its docs' text here: a KB served elsewhere (a retrieval service, Milvus) or holding no text
+has none, and a plan that picks it stands; otherwise the choice is among the KBs that have one. The doc embeddings
+(a KB's *profile*) are computed once and cached in the KB's index folder, keyed by the encoder and the docs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from agent.kbs import KnowledgeBase
+    from retrievers.encoders import Encoder
+    from retrievers.types import Doc
+
+logger = logging.getLogger(__name__)
+
+PROFILE_CHARS = 1000  # of each doc's text, as encoded (MiniLM reads 256 word pieces anyway)
+PROFILE_MAX_DOCS = 50_000  # more are subsampled evenly: the max cosine over a sample still finds the topic
+PROFILE_FILE = "route_profile.npz"
+
+
+def fuse(logprobs: dict[str, float], affinity: dict[str, float], weight: float) -> str:
+    """The KB maximising `logprobs[k] + weight * (affinity[k] - max affinity)` over the KBs in `affinity`.
+
+    `logprobs` are the policy's (any base); KBs missing from `affinity` are not candidates. Ties keep `logprobs`'
+    order, so equal scores never depend on dict order elsewhere.
+    """
+    candidates = [k for k in logprobs if k in affinity]
+    if not candidates:
+        raise ValueError("fuse needs at least one KB with both a log-probability and an affinity")
+    best = max(affinity[k] for k in candidates)
+    return max(candidates, key=lambda k: logprobs[k] + weight * (affinity[k] - best))
+
+
+def normalized(logprobs: Sequence[float]) -> list[float]:
+    """Log-probabilities renormalised over the options (the grammar allows only these)."""
+    top = max(logprobs)
+    total = top + math.log(sum(math.exp(x - top) for x in logprobs))
+    return [x - total for x in logprobs]
+
+
+def _profile_key(encoder_name: str, docs: Sequence[Doc]) -> str:
+    h = hashlib.sha256(f"{encoder_name}\n{PROFILE_CHARS}\n{PROFILE_MAX_DOCS}\n".encode())
+    for d in docs:
+        h.update(f"{d.id}\t{len(d.text)}\n".encode())
+    return h.hexdigest()[:16]
+
+
+def _profile_texts(docs: Sequence[Doc]) -> list[str]:
+    picked = (
+        docs
+        if len(docs) <= PROFILE_MAX_DOCS
+        else [docs[round(i * len(docs) / PROFILE_MAX_DOCS)] for i in range(PROFILE_MAX_DOCS)]
+    )
+    return [
+        (f"{d.title}: " if d.title and d.title not in d.text[:200] else "") + d.text[:PROFILE_CHARS]
+        for d in picked
+        if d.text.strip()
+    ]
+
+
+def kb_profile(kb: KnowledgeBase, encoder: Encoder) -> np.ndarray | None:
+    """Unit-norm embeddings of the KB's docs (n, dim), cached in its index folder; None when it has no local text."""
+    from agent.kbs import local_docs
+
+    docs = local_docs(kb.retriever)
+    texts = _profile_texts(docs) if docs else []
+    if not texts:
+        return None
+    key = _profile_key(encoder.name, docs)
+    folder = getattr(getattr(kb.retriever, "cfg", None), "index_dir", None)
+    path = Path(folder) / PROFILE_FILE if folder else None
+    if path is not None and path.is_file():
+        try:
+            with np.load(path) as data:
+                if str(data["key"]) == key:
+                    return data["vectors"]
+        except (OSError, KeyError, ValueError) as e:
+            logger.warning("KB %s: unreadable routing profile %s (%s); encoding again", kb.name, path, e)
+    logger.info(
+        "KB %s: encoding %d docs for the routing prior (once; cached in its index folder)", kb.name, len(texts)
+    )
+    vectors = encoder.encode(texts, progress=len(texts) > 2000)
+    if path is not None:
+        try:
+            tmp = path.with_suffix(".tmp.npz")
+            np.savez(tmp, vectors=vectors, key=np.array(key))
+            tmp.replace(path)
+        except OSError as e:  # a read-only index folder: the profile is rebuilt next time, nothing else changes
+            logger.warning("KB %s: could not cache its routing profile in %s (%s)", kb.name, path.parent, e)
+    return vectors
+
+
+class RoutePrior:
+    """The affinities of a KB set (keyed by display name) and the fused choice. Built once per agent."""
+
+    def __init__(self, kbs: dict[str, KnowledgeBase], weight: float, encoder: str = "minilm") -> None:
+        from retrievers.encoders import load_encoder
+
+        if weight <= 0:
+            raise ValueError(f"a route prior needs a weight > 0, got {weight}")
+        self.weight = weight
+        self.encoder = load_encoder(encoder)
+        profiles = {name: kb_profile(kb, self.encoder) for name, kb in kbs.items()}
+        self.profiles = {name: p for name, p in profiles.items() if p is not None}
+        if missing := sorted(set(kbs) - set(self.profiles)):
+            logger.info("route prior: no local text to profile for %s; a plan that picks one of them stands", missing)
+
+    def affinity(self, sub_questions: Sequence[str]) -> list[dict[str, float]]:
+        """Per sub-question, the largest cosine with each profiled KB's docs."""
+        q = self.encoder.encode(list(sub_questions))
+        per_kb = {name: (p @ q.T).max(axis=0) for name, p in self.profiles.items()}
+        return [{name: float(v[i]) for name, v in per_kb.items()} for i in range(len(sub_questions))]
+
+    def choose(self, picked: str, logprobs: dict[str, float], affinity: dict[str, float]) -> str:
+        """The fused KB; a pick without an affinity (its KB has no profile) stands."""
+        if picked not in affinity:
+            return picked
+        return fuse(logprobs, affinity, self.weight)
+
+    def describe(self, logprobs: dict[str, float], affinity: dict[str, float], picked: str, chosen: str) -> dict:
+        """What a step records of its routing (`Step.route`)."""
+        return {
+            "policy_kb": picked,
+            "kb": chosen,
+            "weight": self.weight,
+            "logprobs": {k: round(v, 4) for k, v in logprobs.items()},
+            "affinity": {k: round(v, 4) for k, v in affinity.items()},
+        }

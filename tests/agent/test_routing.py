@@ -1,0 +1,166 @@
+"""The route prior (`agent.routing`, `agent.route_prior`): fusion, KB profiles, the loop's use of it, and the
+transformers backend's continuation scores it reads."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from agent.kbs import load_knowledge_bases
+from agent.loop import AgentConfig, StepAgent
+from agent.routing import PROFILE_FILE, RoutePrior, fuse, kb_profile, normalized
+from agent.types import Question, Trajectory
+from tests.fakes import ScriptedPolicy, last_user_text, system_text
+
+TEXT_DOCS = ["Paris is the capital and largest city of France.", "Berlin is the capital of Germany."]
+CLIP_DOCS = [
+    "Shot 1: Sinbad stands between two chained, roaring lions in front of a stone archway.",
+    "Shot 2: a giant bird attacks a sailing ship at sea; a sailor cries for help.",
+]
+
+
+def _kb_file(tmp_path: Path) -> Path:
+    entries = []
+    for name, display, docs in (("wiki", "Text Retriever", TEXT_DOCS), ("clips", "Clip Retriever", CLIP_DOCS)):
+        corpus = tmp_path / f"{name}.jsonl"
+        corpus.write_text("".join(json.dumps({"id": f"{name}{i}", "contents": d}) + "\n" for i, d in enumerate(docs)))
+        entries.append({"name": name, "display_name": display, "kind": "text", "search": "bm25",
+                        "corpus": str(corpus), "index_dir": str(tmp_path / f"idx-{name}"), "k": 2})  # fmt: skip
+    path = tmp_path / "kbs.yaml"
+    path.write_text(yaml.safe_dump({"knowledge_bases": entries}))
+    return path
+
+
+@pytest.fixture
+def kbs(tmp_path):
+    return load_knowledge_bases(_kb_file(tmp_path))
+
+
+def test_fuse_keeps_a_confident_policy_and_follows_a_clear_affinity():
+    logprobs = {"Text": math.log(0.7), "Clip": math.log(0.3)}
+    assert fuse(logprobs, {"Text": 0.50, "Clip": 0.52}, weight=10) == "Text"  # 0.02 of cosine is 0.2 nats < 0.85
+    assert fuse(logprobs, {"Text": 0.40, "Clip": 0.60}, weight=10) == "Clip"  # 2 nats > 0.85
+    assert fuse(logprobs, {"Text": 0.40, "Clip": 0.60}, weight=1) == "Text"  # a small weight leaves the policy
+    assert fuse(logprobs, {"Clip": 0.1}, weight=10) == "Clip"  # only KBs with an affinity are candidates
+    with pytest.raises(ValueError, match="at least one KB"):
+        fuse(logprobs, {"Image": 0.9}, weight=10)
+
+
+def test_normalized_log_probs_sum_to_one_and_keep_their_order():
+    out = normalized([-3.0, -1.0, -2.0])
+    assert math.isclose(sum(math.exp(x) for x in out), 1.0)
+    assert sorted(range(3), key=out.__getitem__) == [0, 2, 1]
+
+
+def test_profile_is_cached_in_the_index_folder_and_recomputed_when_the_docs_change(kbs, tmp_path):
+    prior = RoutePrior(kbs, weight=10)
+    clip = kbs["Clip Retriever"]
+    path = tmp_path / "idx-clips" / PROFILE_FILE
+    assert path.is_file()
+    assert prior.profiles["Clip Retriever"].shape == (2, prior.encoder.dim)
+
+    class NoEncode:  # a cached profile is read back without encoding anything
+        name = prior.encoder.name
+
+        def encode(self, texts, progress=False):
+            raise AssertionError("encoded again")
+
+    assert np.array_equal(kb_profile(clip, NoEncode()), prior.profiles["Clip Retriever"])
+    clip.retriever.docs.append(type(clip.retriever.docs[0])(id="clips9", text="Shot 3: a whale surfaces."))
+    assert kb_profile(clip, prior.encoder).shape[0] == 3  # another doc set: encoded again
+
+
+def test_affinity_is_the_best_cosine_with_each_kb(kbs):
+    prior = RoutePrior(kbs, weight=10)
+    (aff,) = prior.affinity(["Which animals are chained on both sides of Sinbad?"])
+    assert set(aff) == {"Text Retriever", "Clip Retriever"}
+    assert aff["Clip Retriever"] > aff["Text Retriever"] + 0.1
+
+
+class ScoringPolicy(ScriptedPolicy):
+    """Always plans a search of the Text Retriever; scores the KB names with fixed log-probs (p = 0.8 / 0.2)."""
+
+    supports_continuation_scoring = True
+
+    def __init__(self, script):
+        super().__init__(script)
+        self.scored: list[tuple[str, list[str]]] = []
+
+    def continuation_logprobs(self, conversations, prefixes, continuations, step=None):
+        assert step == "plan"
+        self.scored += [(p, list(continuations)) for p in prefixes]
+        table = {"Text Retriever</ret>": math.log(0.8), "Clip Retriever</ret>": math.log(0.2)}
+        return [[table[c] for c in continuations] for _ in conversations]
+
+
+def _script(conv):
+    user = last_user_text(conv)
+    if "next step" in user:
+        if "Sub-question 1" in user:
+            return "<think>done</think><sub-question>None</sub-question><ret>None</ret>"
+        q = user.split("Original question: ", 1)[1].split("\n", 1)[0]
+        return f"<think>look it up</think><sub-question>{q}</sub-question><ret>Text Retriever</ret>"
+    if system_text(conv).startswith("You answer a question using the evidence"):
+        return "<think>read</think><answer>" + user.split(": ", 1)[1].split("\n")[0][:30] + "</answer>"
+    return "<think>so</think><answer>done</answer>"
+
+
+def test_the_loop_moves_a_search_to_the_kb_whose_content_matches(kbs):
+    policy = ScoringPolicy(_script)
+    agent = StepAgent(policy, kbs, AgentConfig(max_steps=2, route_prior=10, constrained="off"))
+    lions, paris = agent.run_batch(
+        [Question("q1", "Which animals are chained next to Sinbad?"), Question("q2", "What is the capital of France?")]
+    )
+    step = lions.steps[0]
+    assert step.kb == "clips" and step.hits[0].doc.id == "clips0"  # searched where the lions are
+    assert step.route["policy_kb"] == "Text Retriever" and step.route["kb"] == "Clip Retriever"
+    assert math.isclose(step.route["logprobs"]["Text Retriever"], math.log(0.8), abs_tol=1e-3)
+    assert step.route["affinity"]["Clip Retriever"] > step.route["affinity"]["Text Retriever"]
+    assert paris.steps[0].kb == "wiki" and paris.steps[0].route["kb"] == "Text Retriever"  # the policy's pick stands
+    prefix, options = policy.scored[0]
+    assert prefix.endswith("<ret>") and "Which animals" in prefix  # read after the plan's own sub-question
+    assert options == ["Text Retriever</ret>", "Clip Retriever</ret>"]
+    again = Trajectory.from_dict(json.loads(json.dumps(lions.to_dict())))
+    assert again.steps[0].route == step.route  # the record keeps it
+
+
+def test_without_a_route_prior_records_stay_as_they_were(kbs):
+    agent = StepAgent(ScoringPolicy(_script), kbs, AgentConfig(max_steps=2, constrained="off"))
+    (traj,) = agent.run_batch([Question("q1", "Which animals are chained next to Sinbad?")])
+    assert traj.steps[0].kb == "wiki"  # the policy routes alone
+    assert "route" not in traj.steps[0].to_dict()
+
+
+def test_a_policy_that_cannot_score_is_refused_before_generating(kbs):
+    policy = ScriptedPolicy(lambda conv: "never")
+    with pytest.raises(ValueError, match=r"agent.route_prior is 10 but policy .*cannot score.*transformers backend"):
+        StepAgent(policy, kbs, AgentConfig(route_prior=10))
+    assert policy.calls == []
+    with pytest.raises(ValueError, match="agent.route_prior must be a finite weight >= 0"):
+        AgentConfig(route_prior=-1)
+
+
+def test_transformers_continuation_scores_equal_one_full_forward(smollm2_dir):
+    import torch
+
+    from agent.backends.hf import TransformersPolicy
+
+    policy = TransformersPolicy(smollm2_dir)
+    conv = [{"role": "user", "content": "Where are the lions?"}]
+    prefix = "<think>the clips</think>\n<sub-question>Where are the lions?</sub-question>\n<ret>"
+    options = ["Text Retriever</ret>", "Clip Retriever</ret>", "None</ret>"]
+    (scores,) = policy.continuation_logprobs([conv], [prefix], options, step="plan")
+    tok = policy.tokenizer
+    for option, score in zip(options, scores, strict=True):
+        head = tok(policy.render(conv) + prefix, add_special_tokens=False)["input_ids"]
+        tail = tok(option, add_special_tokens=False)["input_ids"]
+        with torch.inference_mode():
+            logp = policy.model(input_ids=torch.tensor([head + tail])).logits[0].float().log_softmax(-1)
+        expected = sum(float(logp[len(head) - 1 + j, t]) for j, t in enumerate(tail))
+        assert math.isclose(score, expected, abs_tol=1e-3), option
+    assert len(set(scores)) == 3
