@@ -89,6 +89,12 @@ def add_common_args(ap: argparse.ArgumentParser, kb_default: str | None = None) 
         "on KB sets it was not trained on; 0 lets it answer without retrieval)",
     )
     ap.add_argument("--top-k", type=int, help="hits per retrieval (default 5)")
+    ap.add_argument(
+        "--route-prior",
+        type=float,
+        help="weight of the route prior (agent/routing.py): a search goes to the KB maximising the policy's "
+        "log-prob of it + W x the KB's best text similarity with the sub-question (0 = the policy alone)",
+    )
     ap.add_argument("--temperature", type=float, help="0 = greedy (default)")
     ap.add_argument("--seed", type=int)
     ap.add_argument(
@@ -143,7 +149,7 @@ def resolve_configs(args: argparse.Namespace) -> tuple[PolicyConfig, AgentConfig
     for flag, key in (("backend", "backend"), ("model", "model"), ("base_url", "base_url"), ("adapter", "adapter")):
         if getattr(args, flag) is not None:
             pol[key] = getattr(args, flag)
-    for key in ("max_steps", "min_steps", "top_k", "temperature", "seed", "few_shot", "constrained"):
+    for key in ("max_steps", "min_steps", "top_k", "temperature", "seed", "few_shot", "constrained", "route_prior"):
         if getattr(args, key) is not None:
             agent[key] = getattr(args, key)
     if pol.get("backend", "transformers") == "transformers" and not pol.get("model") and not pol.get("adapter"):

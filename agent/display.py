@@ -34,8 +34,14 @@ class StepPrinter:
             if payload["sub_question"] is None:
                 c.print("  [green]enough to answer: no more retrieval[/green]")
             else:
+                route = payload.get("route") or {}
+                moved = (
+                    f" [dim](the route prior moved it from {route['policy_kb']})[/dim]"
+                    if route.get("policy_kb", route.get("kb")) != route.get("kb")
+                    else ""
+                )
                 c.print(
-                    f"  [bold]sub-question:[/bold] {payload['sub_question']}  [magenta]→ {payload['kb']}[/magenta]"
+                    f"  [bold]sub-question:[/bold] {payload['sub_question']}  [magenta]→ {payload['kb']}[/magenta]{moved}"
                 )
         elif event == "evidence":
             for i, h in enumerate(payload["hits"][: self.hits_shown]):

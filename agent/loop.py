@@ -403,29 +403,36 @@ class StepAgent:
     ) -> dict[int, dict]:
         """Re-pick each search's KB with the route prior (`agent.routing`), in place in `plans`; returns, by position,
         what each routed step records. The policy's log-probabilities are read after its own plan text up to `<ret>`,
-        on the step's first conversation (a re-asked step's reminder turn is not in it)."""
-        assert self.route_prior is not None
-        todo = []
-        for i, (parsed, raw) in enumerate(plans):
-            if isinstance(parsed, PlanParse) and parsed.ok and not parsed.stop and ret_prefix(raw[-1]) is not None:
-                todo.append(i)
-        if not todo:
-            return {}
+        on the step's first conversation (a re-asked step's reminder turn is not in it), and only for the plans whose
+        KB the affinity contests (`RoutePrior.contested`): the others keep their KB at no cost."""
+        prior = self.route_prior
+        assert prior is not None
+        todo = [
+            i
+            for i, (parsed, raw) in enumerate(plans)
+            if isinstance(parsed, PlanParse) and parsed.ok and not parsed.stop and ret_prefix(raw[-1]) is not None
+        ]
+        affinities = dict(zip(todo, prior.affinity([plans[i][0].sub_question for i in todo]), strict=True))  # type: ignore[union-attr]
+        picks = {i: plans[i][0].kb for i in todo}  # type: ignore[union-attr]
+        contested = [i for i in todo if prior.contested(picks[i], affinities[i])]
         names = list(self.kbs)
-        scores = self.policy.continuation_logprobs(  # type: ignore[attr-defined] - checked in make_route_prior
-            [convs[i] for i in todo],
-            [ret_prefix(plans[i][1][-1]) for i in todo],
-            [ret_choice(n) for n in names],
-            step="plan",
+        scores = (
+            self.policy.continuation_logprobs(  # type: ignore[attr-defined] - checked in make_route_prior
+                [convs[i] for i in contested],
+                [ret_prefix(plans[i][1][-1]) for i in contested],
+                [ret_choice(n) for n in names],
+                step="plan",
+            )
+            if contested
+            else []
         )
-        affinities = self.route_prior.affinity([plans[i][0].sub_question for i in todo])  # type: ignore[union-attr]
+        logprobs = {i: dict(zip(names, normalized(lp), strict=True)) for i, lp in zip(contested, scores, strict=True)}
         out = {}
-        for i, logps, affinity in zip(todo, scores, affinities, strict=True):
+        for i in todo:
             parsed, raw = plans[i]
-            assert isinstance(parsed, PlanParse) and parsed.kb is not None
-            logprobs = dict(zip(names, normalized(logps), strict=True))
-            chosen = self.route_prior.choose(parsed.kb, logprobs, affinity)
-            out[i] = self.route_prior.describe(logprobs, affinity, parsed.kb, chosen)
+            assert isinstance(parsed, PlanParse)
+            chosen = prior.choose(picks[i], logprobs[i], affinities[i]) if i in logprobs else picks[i]
+            out[i] = prior.describe(logprobs.get(i, {}), affinities[i], picks[i], chosen)
             if chosen != parsed.kb:
                 plans[i] = (replace(parsed, kb=chosen), raw)
         return out

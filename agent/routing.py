@@ -132,6 +132,12 @@ class RoutePrior:
         per_kb = {name: (p @ q.T).max(axis=0) for name, p in self.profiles.items()}
         return [{name: float(v[i]) for name, v in per_kb.items()} for i in range(len(sub_questions))]
 
+    def contested(self, picked: str, affinity: dict[str, float]) -> bool:
+        """Whether the affinity can move a pick: another KB is closer to the sub-question. A pick that is also the
+        affinity's best stands without reading the policy's log-probs (it already outweighed the others under greedy
+        decoding, and the affinity term only lowers them)."""
+        return picked in affinity and max(affinity, key=affinity.__getitem__) != picked
+
     def choose(self, picked: str, logprobs: dict[str, float], affinity: dict[str, float]) -> str:
         """The fused KB; a pick without an affinity (its KB has no profile) stands."""
         if picked not in affinity:

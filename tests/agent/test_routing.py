@@ -122,6 +122,8 @@ def test_the_loop_moves_a_search_to_the_kb_whose_content_matches(kbs):
     assert math.isclose(step.route["logprobs"]["Text Retriever"], math.log(0.8), abs_tol=1e-3)
     assert step.route["affinity"]["Clip Retriever"] > step.route["affinity"]["Text Retriever"]
     assert paris.steps[0].kb == "wiki" and paris.steps[0].route["kb"] == "Text Retriever"  # the policy's pick stands
+    assert paris.steps[0].route["logprobs"] == {}  # uncontested (also the affinity's best): never scored
+    assert len(policy.scored) == 1
     prefix, options = policy.scored[0]
     assert prefix.endswith("<ret>") and "Which animals" in prefix  # read after the plan's own sub-question
     assert options == ["Text Retriever</ret>", "Clip Retriever</ret>"]
@@ -164,3 +166,18 @@ def test_transformers_continuation_scores_equal_one_full_forward(smollm2_dir):
         expected = sum(float(logp[len(head) - 1 + j, t]) for j, t in enumerate(tail))
         assert math.isclose(score, expected, abs_tol=1e-3), option
     assert len(set(scores)) == 3
+
+
+def test_the_step_display_says_when_the_route_prior_moved_a_search():
+    from rich.console import Console
+
+    from agent.display import StepPrinter
+
+    console = Console(record=True, width=200)
+    plan = {"step": 0, "think": "t", "sub_question": "Where are the lions?", "errors": []}
+    moved = {"policy_kb": "Text Retriever", "kb": "Clip Retriever"}
+    StepPrinter(console)("q", "plan", {**plan, "kb": "Clip Retriever", "route": moved})
+    StepPrinter(console)("q", "plan", {**plan, "kb": "Text Retriever", "route": {**moved, "kb": "Text Retriever"}})
+    lines = console.export_text().splitlines()
+    assert "→ Clip Retriever (the route prior moved it from Text Retriever)" in lines[1]
+    assert lines[3].endswith("→ Text Retriever")
