@@ -93,7 +93,8 @@ def add_common_args(ap: argparse.ArgumentParser, kb_default: str | None = None) 
         "--route-prior",
         type=float,
         help="weight of the route prior (agent/routing.py): a search goes to the KB maximising the policy's "
-        "log-prob of it + W x the KB's best text similarity with the sub-question (0 = the policy alone)",
+        "log-prob of it + W x the KB's best text similarity with the sub-question (default: 10 where the policy "
+        "can score KB names, the transformers backend; 0 = the policy alone)",
     )
     ap.add_argument("--temperature", type=float, help="0 = greedy (default)")
     ap.add_argument("--seed", type=int)
@@ -154,6 +155,7 @@ def resolve_configs(args: argparse.Namespace) -> tuple[PolicyConfig, AgentConfig
             agent[key] = getattr(args, key)
     if pol.get("backend", "transformers") == "transformers" and not pol.get("model") and not pol.get("adapter"):
         pol["model"] = DEFAULT_MODEL  # the shipped router; `--model smollm2` is the base model
+    agent.setdefault("route_prior", None)  # auto: on where the policy can score KB names (agent/routing.py)
     # the shipped router otherwise stops at once on KB sets it was not trained on (the demo's two)
     agent.setdefault("min_steps", min(1, agent.get("max_steps", AgentConfig.max_steps)))
     kb = args.kb or raw.get("kb")

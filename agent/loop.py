@@ -32,7 +32,7 @@ from agent.protocol import (
     strip_tags,
     with_format_reminder,
 )
-from agent.routing import RoutePrior, normalized
+from agent.routing import AUTO_WEIGHT, RoutePrior, normalized
 from agent.types import Question, Step, Trajectory
 from retrievers.types import Hit, Query
 
@@ -61,16 +61,21 @@ def use_constrained(mode: str, policy: Policy) -> bool:
 
 
 def make_route_prior(config: AgentConfig, policy: Policy, kbs: dict[str, KnowledgeBase]) -> RoutePrior | None:
-    """The agent's route prior, or None when `agent.route_prior` is 0; a policy that cannot score text fails here."""
-    if config.route_prior == 0:
+    """The agent's route prior, or None when `agent.route_prior` is 0 (or auto with a policy that cannot score KB
+    names); a weight > 0 with such a policy fails here."""
+    can_score = bool(getattr(policy, "supports_continuation_scoring", False))
+    weight = config.route_prior
+    if weight is None:  # auto
+        weight = AUTO_WEIGHT if can_score else 0.0
+    if weight == 0:
         return None
-    if not getattr(policy, "supports_continuation_scoring", False):
+    if not can_score:
         raise ValueError(
             f"agent.route_prior is {config.route_prior} but policy {getattr(policy, 'name', policy)!r} "
             f"({type(policy).__name__}) cannot score the KB names it did not write. Fix: use the transformers "
             "backend, or set agent.route_prior: 0"
         )
-    return RoutePrior(kbs, config.route_prior, config.route_prior_encoder)
+    return RoutePrior(kbs, weight, config.route_prior_encoder)
 
 
 @dataclass(frozen=True)
@@ -115,12 +120,13 @@ class AgentConfig:
         default=0,
         metadata={"help": "images/frames behind the hits shown to a VL policy in the answer step (0 = none)"},
     )
-    route_prior: float = field(
+    route_prior: float | None = field(
         default=0.0,
         metadata={
             "help": "weight w of the evidence-aware route prior (agent/routing.py): a search goes to the KB "
             "maximising log p_policy(KB) + w * (affinity - best affinity), the affinity being the best cosine of the "
-            "sub-question with the KB's docs; 0 = the policy routes alone"
+            "sub-question with the KB's docs; 0 = the policy routes alone; null = auto (the weight chosen in stop 38 "
+            "where the policy can score KB names, else 0; what `kbrouter demo | ask | run` use)"
         },
     )
     route_prior_encoder: str = field(default="minilm", metadata={"help": "text encoder of the route prior"})
@@ -157,7 +163,7 @@ class AgentConfig:
             raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")
         if not 0 <= self.min_steps <= max(self.max_steps, 0):
             raise ValueError(f"min_steps must be in [0, max_steps={self.max_steps}], got {self.min_steps}")
-        if not self.route_prior >= 0 or self.route_prior == float("inf"):
+        if self.route_prior is not None and (not self.route_prior >= 0 or self.route_prior == float("inf")):
             raise ValueError(f"agent.route_prior must be a finite weight >= 0 (0 = off), got {self.route_prior}")
         if self.constrained not in CONSTRAINED:
             raise ValueError(f"agent.constrained must be one of {CONSTRAINED}, got {self.constrained!r}")

@@ -34,6 +34,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+# `agent.route_prior: null` (auto, the CLI's default): chosen on the validation part and the held-out plan steps, not
+# on the scoreboard; first searches routed right stay level from 5 to 20 on both and fall from 30 (stop 38)
+AUTO_WEIGHT = 10.0
 PROFILE_CHARS = 1000  # of each doc's text, as encoded (MiniLM reads 256 word pieces anyway)
 PROFILE_MAX_DOCS = 50_000  # more are subsampled evenly: the max cosine over a sample still finds the topic
 PROFILE_FILE = "route_profile.npz"

@@ -13,7 +13,7 @@ import yaml
 
 from agent.kbs import load_knowledge_bases
 from agent.loop import AgentConfig, StepAgent
-from agent.routing import PROFILE_FILE, RoutePrior, fuse, kb_profile, normalized
+from agent.routing import AUTO_WEIGHT, PROFILE_FILE, RoutePrior, fuse, kb_profile, normalized
 from agent.types import Question, Trajectory
 from tests.fakes import ScriptedPolicy, last_user_text, system_text
 
@@ -181,3 +181,26 @@ def test_the_step_display_says_when_the_route_prior_moved_a_search():
     lines = console.export_text().splitlines()
     assert "→ Clip Retriever (the route prior moved it from Text Retriever)" in lines[1]
     assert lines[3].endswith("→ Text Retriever")
+
+
+def test_auto_uses_the_prior_where_the_policy_can_score_and_routes_alone_elsewhere(kbs):
+    question = [Question("q1", "Which animals are chained next to Sinbad?")]
+    scoring = StepAgent(ScoringPolicy(_script), kbs, AgentConfig(max_steps=2, route_prior=None, constrained="off"))
+    assert scoring.route_prior is not None and scoring.route_prior.weight == AUTO_WEIGHT
+    assert scoring.run_batch(question)[0].steps[0].kb == "clips"
+    plain = StepAgent(ScriptedPolicy(_script), kbs, AgentConfig(max_steps=2, route_prior=None, constrained="off"))
+    assert plain.route_prior is None and plain.run_batch(question)[0].steps[0].kb == "wiki"
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"), [([], None), (["--route-prior", "0"], 0.0), (["--route-prior", "4"], 4.0)]
+)
+def test_the_cli_defaults_to_auto_and_takes_a_weight(flags, expected):
+    import argparse
+
+    from agent.cli import add_common_args, resolve_configs
+
+    ap = argparse.ArgumentParser()
+    add_common_args(ap, kb_default="configs/kb/demo.yaml")
+    _, agent_cfg, _ = resolve_configs(ap.parse_args(flags))
+    assert agent_cfg.route_prior == expected
