@@ -418,6 +418,8 @@ class StepAgent:
             for i, (parsed, raw) in enumerate(plans)
             if isinstance(parsed, PlanParse) and parsed.ok and not parsed.stop and ret_prefix(raw[-1]) is not None
         ]
+        if not todo:  # every plan stopped or failed
+            return {}
         affinities = dict(zip(todo, prior.affinity([plans[i][0].sub_question for i in todo]), strict=True))  # type: ignore[union-attr]
         picks = {i: plans[i][0].kb for i in todo}  # type: ignore[union-attr]
         contested = [i for i in todo if prior.contested(picks[i], affinities[i])]
