@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -57,9 +56,8 @@ def fuse(logprobs: dict[str, float], affinity: dict[str, float], weight: float) 
 
 def normalized(logprobs: Sequence[float]) -> list[float]:
     """Log-probabilities renormalised over the options (the grammar allows only these)."""
-    top = max(logprobs)
-    total = top + math.log(sum(math.exp(x - top) for x in logprobs))
-    return [x - total for x in logprobs]
+    x = np.asarray(logprobs, dtype=np.float64)
+    return (x - np.logaddexp.reduce(x)).tolist()
 
 
 def _profile_key(encoder_name: str, docs: Sequence[Doc]) -> str:

@@ -165,7 +165,7 @@ class TransformersPolicy:
         """
         import torch
 
-        model, _ = self._weights(SamplingParams(max_new_tokens=1, step=step))
+        model, _ = self._weights(step)
         tok = self.tokenizer
         cont = [tok(c, add_special_tokens=False)["input_ids"] for c in continuations]
         if not cont or any(not ids for ids in cont):
@@ -190,16 +190,16 @@ class TransformersPolicy:
                 out.append([float(picked[i, : len(c)].sum()) for i, c in enumerate(cont)])
         return out
 
-    def _weights(self, params: SamplingParams):  # noqa: ANN202 - (transformers model, PrefixCache | None)
+    def _weights(self, step: str | None):  # noqa: ANN202 - (transformers model, PrefixCache | None)
         """The model a call runs on (the plan adapter's for plan steps, when there is one) and its prefix cache."""
-        if params.step == "plan" and self.plan_model is not None:
+        if step == "plan" and self.plan_model is not None:
             return self.plan_model, self.plan_prefix_cache
         return self.model, self.prefix_cache
 
     def _generate_chunk(self, prompts: list[str], params: SamplingParams, rows: list[int]) -> list[Completion]:
         if all_abandoned(rows):
             return [abandoned_completion() for _ in rows]
-        model, prefix_cache = self._weights(params)
+        model, prefix_cache = self._weights(params.step)
         if prefix_cache is not None:
             ids = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
             shared = batch_prefix_length(ids)
@@ -217,7 +217,7 @@ class TransformersPolicy:
         import torch
         from transformers import ContinuousBatchingConfig, GenerationConfig
 
-        model, _ = self._weights(params)
+        model, _ = self._weights(params.step)
         rows = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
         sample = params.temperature > 0
         config = GenerationConfig(
