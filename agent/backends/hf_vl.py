@@ -165,6 +165,65 @@ class VisionLanguagePolicy:
                 out[i] = c
         return out  # type: ignore[return-value]
 
+    supports_continuation_scoring = True  # `continuation_logprobs`: what `agent.route_prior` reads
+
+    def continuation_logprobs(
+        self,
+        conversations: list[list[Message]],
+        prefixes: list[str],
+        continuations: list[str],
+        step: str | None = None,  # noqa: ARG002 - one set of weights here (no plan adapter)
+    ) -> list[list[float]]:
+        """Per conversation, the summed log-probability of each continuation after its rendered prompt + prefix,
+        with the conversation's images (under the same pixel budget as `generate`).
+
+        One forward pass per conversation over as many rows as continuations: each row is the processed prompt
+        (images expanded) followed by one continuation's tokens, right-padded, so a row's scores read only its own
+        positions and Qwen2.5-VL's rope positions follow the attention mask.
+        """
+        import torch
+
+        tok = self.tokenizer
+        cont = [tok(c, add_special_tokens=False)["input_ids"] for c in continuations]
+        if not cont or any(not ids for ids in cont):
+            raise ValueError(f"continuation_logprobs needs non-empty continuations, got {continuations!r}")
+        width = max(len(ids) for ids in cont)
+        tail = torch.full((len(cont), width), tok.pad_token_id, dtype=torch.long)
+        real = torch.zeros((len(cont), width), dtype=torch.long)
+        for i, ids in enumerate(cont):
+            tail[i, : len(ids)] = torch.tensor(ids)
+            real[i, : len(ids)] = 1
+        out = []
+        for conv, prefix in zip(conversations, prefixes, strict=True):
+            text, paths, _ = self.render(conv)
+            images = [self._load(p) for p in paths]  # an unreadable image raises: the route prior cannot score it
+            enc = self.processor(
+                text=[text + prefix] * len(cont),
+                images=images * len(cont) or None,
+                return_tensors="pt",
+                add_special_tokens=False,
+            )
+            n = enc["input_ids"].shape[1]
+            inputs = {k: v for k, v in enc.items() if k not in ("input_ids", "attention_mask", "mm_token_type_ids")}
+            inputs["input_ids"] = torch.cat([enc["input_ids"], tail], 1)
+            inputs["attention_mask"] = torch.cat([enc["attention_mask"], real], 1)
+            if "mm_token_type_ids" in enc:  # appended tokens are text (type 0)
+                inputs["mm_token_type_ids"] = torch.cat([enc["mm_token_type_ids"], torch.zeros_like(tail)], 1)
+            self._forget_rope_offsets()  # computed afresh from these rows, not from a previous call's
+            with torch.inference_mode():
+                logits = self.model(**{k: v.to(self.device) for k, v in inputs.items()}).logits
+            self._forget_rope_offsets()
+            picked = logits[:, n - 1 : -1].float().log_softmax(-1).gather(-1, tail.to(self.device).unsqueeze(-1))
+            out.append([float(picked[i, : len(c), 0].sum()) for i, c in enumerate(cont)])
+        return out
+
+    def _forget_rope_offsets(self) -> None:
+        """Qwen2-VL / Qwen2.5-VL keep the last call's rope offsets on the model and reuse them whenever a cache is
+        non-empty; cleared, the next call computes them from its own images. Other VLMs keep none."""
+        inner = getattr(self.model, "model", None)
+        if hasattr(inner, "rope_deltas"):
+            inner.rope_deltas = None
+
     def _generate_chunk(self, chunk: list[tuple[int, str, list, int]], params: SamplingParams) -> list[Completion]:
         rows = [i for i, _, _, _ in chunk]
         if all_abandoned(rows):
@@ -188,11 +247,9 @@ class VisionLanguagePolicy:
         shared = min(batch_prefix_length(ids), first_vision)
         if shared < self.prefix_cache.min_tokens:
             return generate_completions(self.model, self.tokenizer, enc, params, rows)
-        # Qwen2.5-VL keeps the last call's rope offsets on the model and reuses them whenever a cache is non-empty;
-        # cleared, they are computed afresh from this batch's own images.
-        self.model.model.rope_deltas = None
+        self._forget_rope_offsets()
         prefix = self.prefix_cache.get(self.model, ids[0][:shared])
-        self.model.model.rope_deltas = None
+        self._forget_rope_offsets()
         shape = enc["input_ids"].shape
         new = {
             k: prefixed_layout(

@@ -140,7 +140,9 @@ def test_without_a_route_prior_records_stay_as_they_were(kbs):
 
 def test_a_policy_that_cannot_score_is_refused_before_generating(kbs):
     policy = ScriptedPolicy(lambda conv: "never")
-    with pytest.raises(ValueError, match=r"agent.route_prior is 10 but policy .*cannot score.*transformers backend"):
+    with pytest.raises(
+        ValueError, match=r"agent.route_prior is 10 but policy .*cannot score.*transformers or vl backend"
+    ):
         StepAgent(policy, kbs, AgentConfig(route_prior=10))
     assert policy.calls == []
     with pytest.raises(ValueError, match="agent.route_prior must be a finite weight >= 0"):

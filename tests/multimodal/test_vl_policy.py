@@ -109,3 +109,45 @@ def test_is_vision_language_model(tiny_vl_dir, smollm2_dir, tmp_path):
     assert is_vision_language_model(tiny_vl_dir)  # Qwen2.5-VL config has a vision_config
     assert not is_vision_language_model(smollm2_dir)  # a text-only causal LM
     assert not is_vision_language_model(tmp_path)  # no config.json at all
+
+
+def test_continuation_scores_equal_one_full_forward_and_read_the_image(tiny_vl_policy):
+    """The route prior's scores on the vl backend: each KB name's summed log-prob after the plan so far, as one
+    forward pass over prompt + name computes it, and they depend on the question's image."""
+    import math
+
+    import torch
+
+    prefix = "<think>look it up</think>\n<sub-question>What is shown?</sub-question>\n<ret>"
+    options = ["Image Retriever</ret>", "Text Retriever</ret>", "None</ret>"]
+    policy = tiny_vl_policy
+    conv = user(IMAGES[0])
+    (scores,) = policy.continuation_logprobs([conv], [prefix], options, step="plan")
+    text, paths, _ = policy.render(conv)
+    images = [policy._load(p) for p in paths]
+    for option, score in zip(options, scores, strict=True):
+        enc = policy.processor(text=[text + prefix], images=images, return_tensors="pt", add_special_tokens=False)
+        tail = policy.tokenizer(option, add_special_tokens=False)["input_ids"]
+        n = enc["input_ids"].shape[1]
+        enc["input_ids"] = torch.cat([enc["input_ids"], torch.tensor([tail])], 1)
+        enc["attention_mask"] = torch.ones_like(enc["input_ids"])
+        types = enc["mm_token_type_ids"]
+        enc["mm_token_type_ids"] = torch.cat([types, torch.zeros((1, len(tail)), dtype=types.dtype)], 1)
+        policy.model.model.rope_deltas = None
+        with torch.inference_mode():
+            logp = policy.model(**enc).logits[0].float().log_softmax(-1)
+        policy.model.model.rope_deltas = None
+        expected = sum(float(logp[n - 1 + j, t]) for j, t in enumerate(tail))
+        assert math.isclose(score, expected, abs_tol=1e-3), option
+    (other,) = policy.continuation_logprobs([user(IMAGES[1])], [prefix], options)
+    assert other != scores  # another picture, other scores: the pixels are read
+    (again,) = policy.continuation_logprobs([conv], [prefix], options)
+    assert again == pytest.approx(scores, abs=1e-4)  # nothing carried over between calls (rope offsets)
+
+
+def test_auto_route_prior_is_on_for_the_vl_backend(tiny_vl_policy):
+    from agent.loop import AgentConfig, make_route_prior
+    from agent.routing import AUTO_WEIGHT
+
+    prior = make_route_prior(AgentConfig(route_prior=None), tiny_vl_policy, {})
+    assert prior is not None and prior.weight == AUTO_WEIGHT
