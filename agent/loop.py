@@ -434,7 +434,11 @@ class StepAgent:
             if contested
             else []
         )
-        logprobs = {i: dict(zip(names, normalized(lp), strict=True)) for i, lp in zip(contested, scores, strict=True)}
+        logprobs = {  # None: a remote policy could not score this plan, whose own pick then stands
+            i: dict(zip(names, normalized(lp), strict=True))
+            for i, lp in zip(contested, scores, strict=True)
+            if lp is not None
+        }
         out = {}
         for i in todo:
             parsed, raw = plans[i]

@@ -9,6 +9,11 @@ Security (`retrievers.security`): `--api-key` (or `$KBROUTER_API_KEY`) is requir
 bodies over `--max-body-bytes` are a 413, more than `--max-concurrent` requests at once a 429. Images arrive as data
 URLs, checked for bytes and pixels and written to a server-owned folder; a path or `file://` URL is read only inside
 an `--image-root` folder, and `http(s)://` URLs are fetched only with `--allow-remote-images`.
+
+Scoring: a request in vLLM's form for scoring a continuation (`prompt_logprobs: 0`, `continue_final_message: true`,
+`add_generation_prompt: false`, the text to score as the last assistant message) is answered with each prompt
+token's log-probability (`prompt_logprobs`, and `prompt_token_ids` with `return_token_ids`) and no generation. A
+client agent's route prior reads KB names this way (`OpenAICompatiblePolicy.continuation_logprobs`).
 """
 
 import argparse
@@ -30,6 +35,7 @@ GATHER_S = 0.01
 MAX_TOKENS_LIMIT = 8192
 MAX_STOPS = 16
 MAX_MESSAGES = 256
+SCORE = "score"  # the batcher key of scoring requests (generation requests are keyed by their SamplingParams)
 
 
 def _utf8(text: str) -> str:
@@ -86,6 +92,12 @@ class ChatRequest(_Model):
     grammar: Any = None
     # kbrouter's extension: the agent step being decoded, so a policy served with a plan adapter picks its weights
     kbrouter_step: Literal["plan", "answer", "final"] | None = None
+    # vLLM's extensions for scoring a continuation: the last (assistant) message rendered open, and each prompt
+    # token's log-probability in the reply (what `agent.route_prior` reads from a served policy)
+    continue_final_message: bool = False
+    add_generation_prompt: bool = True
+    prompt_logprobs: StrictInt | None = Field(None, ge=0)
+    return_token_ids: bool = False
 
 
 _HINTS = {"stream": "stream=true is not supported; send stream=false", "n": "only n=1 is supported"}
@@ -148,11 +160,57 @@ def request_grammar(body: dict) -> str | None:
     return grammar
 
 
+def scoring_request(req: ChatRequest, policy: Policy) -> bool:
+    """Whether a request asks for its prompt's log-probabilities, which this server answers by scoring alone (no
+    generation): vLLM's `prompt_logprobs: 0` with `continue_final_message`, the form a client scoring continuations
+    sends. Any other use of these fields is refused, naming what is supported."""
+    if req.prompt_logprobs is None:
+        if req.continue_final_message or not req.add_generation_prompt:
+            raise ValueError(
+                "continue_final_message / add_generation_prompt: false are supported for scoring only "
+                "(with prompt_logprobs: 0)"
+            )
+        return False
+    if req.prompt_logprobs != 0:
+        raise ValueError("prompt_logprobs: only 0 is supported (each prompt token's own log-probability)")
+    if not (req.continue_final_message and not req.add_generation_prompt and req.messages[-1].role == "assistant"):
+        raise ValueError(
+            "prompt_logprobs scores a continuation: send continue_final_message: true, add_generation_prompt: false "
+            "and the text to score as the last (assistant) message"
+        )
+    if not hasattr(policy, "prompt_logprobs"):
+        raise ValueError(f"this server's policy ({type(policy).__name__}) cannot score prompts; drop prompt_logprobs")
+    return True
+
+
 def _status_of(error: BaseException) -> tuple[int, str]:
     """HTTP status and message for one failed request: its own bad input is a 422, anything else a 500."""
     if isinstance(error, (ValueError, TypeError)):
         return 422, f"this request's input was rejected: {error}"
     return 500, f"generation failed: {error}"
+
+
+def scoring_reply(name: str, ids: list[int], logprobs: list[float | None], token_ids: bool, tokenizer: Any) -> dict:
+    """A scoring request's reply, in vLLM's shape: no generated text, each prompt token's log-probability keyed by
+    its id (`prompt_logprobs`, None for the first token) and, when asked, the prompt's ids."""
+    scored = [
+        None
+        if lp is None
+        else {str(i): {"logprob": lp, "decoded_token": tokenizer.decode([i]) if tokenizer is not None else None}}
+        for i, lp in zip(ids, logprobs, strict=True)
+    ]
+    reply = {
+        "id": f"chatcmpl-{uuid.uuid4().hex[:12]}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": name,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": ""}, "finish_reason": "length"}],
+        "usage": {"prompt_tokens": len(ids), "completion_tokens": 0, "total_tokens": len(ids)},
+        "prompt_logprobs": scored,
+    }
+    if token_ids:
+        reply["prompt_token_ids"] = ids
+    return reply
 
 
 def create_app(  # noqa: ANN201 (an ASGI app)
@@ -187,7 +245,13 @@ def create_app(  # noqa: ANN201 (an ASGI app)
 
     name = model_name or policy.name
     uploads = ImageUploads(limits=image_limits, allowed_roots=image_roots, allow_remote=allow_remote_images)
-    batcher = MicroBatcher(policy.generate, name="policy-batcher", max_batch=MAX_BATCH, max_wait_s=GATHER_S)
+
+    def run(payloads: list, key: object) -> list:
+        if isinstance(key, tuple) and key[:1] == (SCORE,):  # scoring requests share the model's one worker thread
+            return policy.prompt_logprobs(payloads, step=key[1])  # type: ignore[attr-defined]
+        return policy.generate(payloads, key)  # type: ignore[arg-type]
+
+    batcher = MicroBatcher(run, name="policy-batcher", max_batch=MAX_BATCH, max_wait_s=GATHER_S)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):  # noqa: ANN001, ANN202
@@ -209,7 +273,7 @@ def create_app(  # noqa: ANN201 (an ASGI app)
     async def models() -> dict:
         return {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "kbrouter"}]}
 
-    def parse(body: object) -> tuple[list[dict], SamplingParams]:
+    def parse(body: object) -> tuple[list[dict], SamplingParams | tuple, bool]:
         if not isinstance(body, dict):
             raise ValueError("body must be a JSON object with a non-empty 'messages' list")
         if isinstance(body.get("messages"), list) and len(body["messages"]) > max_messages:
@@ -218,6 +282,9 @@ def create_app(  # noqa: ANN201 (an ASGI app)
             req = ChatRequest.model_validate(body)
         except ValidationError as e:
             raise ValueError(validation_message(e)) from None
+        messages = _to_kbrouter_messages(req.messages, uploads)
+        if scoring_request(req, policy):
+            return messages, (SCORE, req.kbrouter_step), req.return_token_ids
         grammar = request_grammar(body)
         if grammar and not supports_grammar(policy):
             raise ValueError(f"this server's policy ({name}) has no structured output; drop the grammar field")
@@ -235,12 +302,12 @@ def create_app(  # noqa: ANN201 (an ASGI app)
             grammar=grammar,
             step=req.kbrouter_step,
         )
-        return _to_kbrouter_messages(req.messages, uploads), params
+        return messages, params, req.return_token_ids
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> JSONResponse:
         try:
-            messages, params = parse(await request.json())
+            messages, params, token_ids = parse(await request.json())
             future = batcher.submit(messages, params)
         except (ValueError, TypeError) as e:
             raise HTTPException(status_code=400, detail=str(e)) from e
@@ -253,6 +320,8 @@ def create_app(  # noqa: ANN201 (an ASGI app)
         if isinstance(out, BaseException):
             status, detail = _status_of(out)
             raise HTTPException(status_code=status, detail=detail)
+        if isinstance(params, tuple):
+            return JSONResponse(scoring_reply(name, *out, token_ids, getattr(policy, "tokenizer", None)))
         if out.finish_reason == "error":  # a backend that fails one item in place (e.g. an unreadable image)
             bad_input = out.metadata.get("bad_input", False)
             raise HTTPException(status_code=422 if bad_input else 502, detail=out.metadata.get("error", "failed"))

@@ -104,9 +104,15 @@ class TransformersPolicy:
         self.plan_prefix_cache = PrefixCache(prefix_cache_mb * 2**20) if prefix_cache_mb and plan_adapter else None
         self.continuous_batching = continuous_batching
 
-    def render(self, conversation: list[Message]) -> str:
-        """The prompt string the model sees for one conversation."""
-        return self.tokenizer.apply_chat_template(text_only(conversation), tokenize=False, add_generation_prompt=True)
+    def render(self, conversation: list[Message], continue_final: bool = False) -> str:
+        """The prompt string the model sees for one conversation; `continue_final` renders its last (assistant)
+        message open, to be continued, instead of opening a new assistant turn."""
+        return self.tokenizer.apply_chat_template(
+            text_only(conversation),
+            tokenize=False,
+            add_generation_prompt=not continue_final,
+            continue_final_message=continue_final,
+        )
 
     def context_length(self) -> int | None:
         """The most tokens (prompt + completion) the model takes, from its config; None when it does not say."""
@@ -188,6 +194,30 @@ class TransformersPolicy:
                 logits = torch.cat([first.logits[:, -1:].expand(len(cont), -1, -1), rest.logits[:, :-1]], 1)
                 picked = logits.float().log_softmax(-1).gather(-1, batch.unsqueeze(-1)).squeeze(-1)
                 out.append([float(picked[i, : len(c)].sum()) for i, c in enumerate(cont)])
+        return out
+
+    def prompt_logprobs(
+        self, conversations: list[list[Message]], step: str | None = None
+    ) -> list[tuple[list[int], list[float | None]]]:
+        """Per conversation (its last message an assistant reply to continue), the rendered prompt's token ids and
+        each token's log-probability given the ones before it (None for the first): what vLLM returns as
+        `prompt_logprobs`, and what `kbrouter serve` answers with for a client scoring continuations remotely."""
+        import torch
+
+        model, _ = self._weights(step)
+        tok = self.tokenizer
+        out = []
+        with torch.inference_mode():
+            for conv in conversations:
+                if not conv or conv[-1]["role"] != "assistant":
+                    raise ValueError("prompt_logprobs continues the last message: it must be an assistant message")
+                ids = tok(self.render(conv, continue_final=True), add_special_tokens=False)["input_ids"]
+                context = self.context_length()
+                if context is not None and len(ids) > context:
+                    raise ValueError(f"a prompt of {len(ids)} tokens exceeds the context of {self.name} ({context})")
+                logits = model(input_ids=torch.tensor([ids], device=self.device)).logits[0, :-1]
+                picked = logits.float().log_softmax(-1).gather(-1, torch.tensor(ids[1:], device=self.device)[:, None])
+                out.append((ids, [None, *(float(x) for x in picked[:, 0])]))
         return out
 
     def _weights(self, step: str | None):  # noqa: ANN202 - (transformers model, PrefixCache | None)

@@ -89,6 +89,8 @@ class OpenAICompatiblePolicy:
             raise ValueError(f"grammar_field {grammar_field!r} is unknown; valid: {sorted(GRAMMAR_FIELDS)}")
         self.grammar_field = grammar_field
         self.supports_grammar = grammar_field != "none"
+        # vLLM's prompt_logprobs + continue_final_message, which `kbrouter serve` speaks too: what the route prior reads
+        self.supports_continuation_scoring = grammar_field == "vllm"
         self.send_step = send_step
 
         self.name = model
@@ -162,3 +164,67 @@ class OpenAICompatiblePolicy:
             return []
         with ThreadPoolExecutor(max_workers=min(self.concurrency, len(conversations))) as pool:
             return list(pool.map(lambda c: self._one(c, params), conversations))
+
+    def _prompt_logprobs(self, messages: list[Message], assistant: str, step: str | None) -> tuple[list, list]:
+        """The server's token ids and log-probabilities of `messages` + an open assistant message `assistant`."""
+        body: dict = {
+            "model": self.model,
+            "messages": to_openai_messages([*messages, {"role": "assistant", "content": assistant}]),
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "prompt_logprobs": 0,
+            "continue_final_message": True,
+            "add_generation_prompt": False,
+            "return_token_ids": True,
+        }
+        if self.send_step and step:
+            body["kbrouter_step"] = step
+
+        def post() -> tuple[list, list]:
+            r = self._client.post(self.url, json=body)
+            r.raise_for_status()
+            data = r.json()
+            scored = data["prompt_logprobs"]
+            # each position's dict holds the prompt's own token (alone, at prompt_logprobs 0); ids from
+            # prompt_token_ids where the server sends them
+            ids = data.get("prompt_token_ids") or [int(next(iter(d))) if d else None for d in scored]
+            logprobs = [None if d is None else float(d[str(i)]["logprob"]) for d, i in zip(scored, ids, strict=True)]
+            return ids, logprobs
+
+        return self.retry.call(post, what=f"scoring request to {self.url}")
+
+    def continuation_logprobs(
+        self,
+        conversations: list[list[Message]],
+        prefixes: list[str],
+        continuations: list[str],
+        step: str | None = None,
+    ) -> list[list[float] | None]:
+        """Per conversation, each continuation's summed log-probability after its prompt + prefix, read from the
+        server's `prompt_logprobs` (vLLM, `kbrouter serve`); None for a conversation the server could not score
+        (the route prior then keeps the policy's own pick).
+
+        One request per continuation and one for the prefix alone, concurrently: a continuation's tokens are those
+        after the prefix request's tokens end (the longest common prefix of the two token lists, so a token that
+        straddles the boundary counts with the continuation).
+        """
+        if not continuations or any(not c for c in continuations):
+            raise ValueError(f"continuation_logprobs needs non-empty continuations, got {continuations!r}")
+        jobs = [(c, p + text) for c, p in enumerate(prefixes) for text in ("", *continuations)]
+        with ThreadPoolExecutor(max_workers=min(self.concurrency, len(jobs))) as pool:
+            futures = [pool.submit(self._prompt_logprobs, conversations[c], text, step) for c, text in jobs]
+        out: list[list[float] | None] = []
+        width = len(continuations) + 1
+        for c in range(len(conversations)):
+            try:
+                (head, _), *rows = [f.result() for f in futures[c * width : (c + 1) * width]]
+            except Exception as e:  # the server is down or does not score: this plan keeps its own KB
+                logger.warning("could not score continuations at %s (%s); the policy's pick stands", self.url, e)
+                out.append(None)
+                continue
+            scores = []
+            for ids, logprobs in rows:
+                shared = len(os.path.commonprefix([head, ids]))  # works on lists: the tokens both start with
+                scores.append(float(sum(lp for lp in logprobs[shared:] if lp is not None)))
+            out.append(scores)
+        return out

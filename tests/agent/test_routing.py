@@ -206,3 +206,20 @@ def test_the_cli_defaults_to_auto_and_takes_a_weight(flags, expected):
     add_common_args(ap, kb_default="configs/kb/demo.yaml")
     _, agent_cfg, _ = resolve_configs(ap.parse_args(flags))
     assert agent_cfg.route_prior == expected
+
+
+def test_a_plan_the_policy_could_not_score_keeps_its_own_kb(kbs):
+    """A remote policy answers None for a conversation its server could not score: that search stays where the
+    policy sent it, and the record says nothing was scored."""
+
+    class Unscored(ScoringPolicy):
+        def continuation_logprobs(self, conversations, prefixes, continuations, step=None):
+            super().continuation_logprobs(conversations, prefixes, continuations, step)
+            return [None for _ in conversations]
+
+    policy = Unscored(_script)
+    agent = StepAgent(policy, kbs, AgentConfig(max_steps=2, route_prior=10, constrained="off"))
+    (traj,) = agent.run_batch([Question("q1", "Which animals are chained next to Sinbad?")])
+    assert len(policy.scored) == 1  # contested, so it was asked
+    assert traj.steps[0].kb == "wiki" and traj.steps[0].route["kb"] == "Text Retriever"
+    assert traj.steps[0].route["logprobs"] == {}
