@@ -135,11 +135,40 @@ class VisionLanguagePolicy:
             )
         self.prefix_cache = PrefixCache(prefix_cache_mb * 2**20) if prefix_cache_mb else None
 
-    def render(self, conversation: list[Message]) -> tuple[str, list[str], int]:
-        """The prompt string for one conversation, the image paths it uses (in order), and how many were dropped."""
+    def render(self, conversation: list[Message], continue_final: bool = False) -> tuple[str, list[str], int]:
+        """The prompt string for one conversation, the image paths it uses (in order), and how many were dropped;
+        `continue_final` leaves its last (assistant) message open instead of opening a new assistant turn."""
         messages, paths, dropped = _budget(conversation, self.max_images)
-        text = self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        text = self.processor.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=not continue_final, continue_final_message=continue_final
+        )
         return text, paths, dropped
+
+    def prompt_logprobs(
+        self,
+        conversations: list[list[Message]],
+        step: str | None = None,  # noqa: ARG002 - one set of weights here (no plan adapter)
+    ) -> list[tuple[list[int], list[float | None]]]:
+        """Per conversation (its last message an assistant reply to continue), the processed prompt's token ids
+        (images expanded) and each token's log-probability given the ones before it (None for the first): what
+        `kbrouter serve --backend vl` answers a scoring request with."""
+        import torch
+
+        out = []
+        for conv in conversations:
+            if not conv or conv[-1]["role"] != "assistant":
+                raise ValueError("prompt_logprobs continues the last message: it must be an assistant message")
+            text, paths, _ = self.render(conv, continue_final=True)
+            images = [self._load(p) for p in paths]
+            enc = self.processor(text=[text], images=images or None, return_tensors="pt", add_special_tokens=False)
+            self._forget_rope_offsets()
+            with torch.inference_mode():
+                logits = self.model(**enc.to(self.device)).logits[0, :-1]
+            self._forget_rope_offsets()
+            ids = enc["input_ids"][0]
+            picked = logits.float().log_softmax(-1).gather(-1, ids[1:, None].to(self.device))[:, 0]
+            out.append((ids.tolist(), [None, *(float(x) for x in picked)]))
+        return out
 
     def _load(self, path: str):
         return fit_pixels(load_image(path), self.min_pixels, self.max_pixels)

@@ -83,4 +83,6 @@ def test_a_server_that_cannot_score_leaves_the_plan_unscored():
         port = s.getsockname()[1]
     client = OpenAICompatiblePolicy(f"http://127.0.0.1:{port}/v1", "m", grammar_field="vllm", retries=0, timeout=2)
     assert client.continuation_logprobs([CONV], [PREFIX], OPTIONS) == [None]
-    assert not OpenAICompatiblePolicy("http://127.0.0.1:1/v1", "m", grammar_field="sglang").supports_continuation_scoring
+    assert not OpenAICompatiblePolicy(
+        "http://127.0.0.1:1/v1", "m", grammar_field="sglang"
+    ).supports_continuation_scoring

@@ -151,3 +151,19 @@ def test_auto_route_prior_is_on_for_the_vl_backend(tiny_vl_policy):
 
     prior = make_route_prior(AgentConfig(route_prior=None), tiny_vl_policy, {})
     assert prior is not None and prior.weight == AUTO_WEIGHT
+
+
+def test_prompt_scores_of_an_open_reply_add_up_to_the_continuation_scores(tiny_vl_policy):
+    """What `kbrouter serve --backend vl` answers a scoring request with: the open reply's last tokens score what
+    `continuation_logprobs` gives for them (the same model, images and positions)."""
+    prefix = "<think>look</think>\n<sub-question>What is shown?</sub-question>\n<ret>"
+    option = "Image Retriever</ret>"
+    conv = user(IMAGES[0])
+    ((ids, logprobs),) = tiny_vl_policy.prompt_logprobs([[*conv, {"role": "assistant", "content": prefix + option}]])
+    assert logprobs[0] is None and len(ids) == len(logprobs)
+    n = len(tiny_vl_policy.tokenizer(option, add_special_tokens=False)["input_ids"])
+    assert tiny_vl_policy.tokenizer.decode(ids[-n:]) == option
+    ((expected,),) = tiny_vl_policy.continuation_logprobs([conv], [prefix], [option])
+    assert sum(logprobs[-n:]) == pytest.approx(expected, abs=1e-3)
+    with pytest.raises(ValueError, match="must be an assistant message"):
+        tiny_vl_policy.prompt_logprobs([conv])
