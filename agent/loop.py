@@ -72,8 +72,9 @@ def make_route_prior(config: AgentConfig, policy: Policy, kbs: dict[str, Knowled
     if not can_score:
         raise ValueError(
             f"agent.route_prior is {config.route_prior} but policy {getattr(policy, 'name', policy)!r} "
-            f"({type(policy).__name__}) cannot score the KB names it did not write. Fix: use the transformers or vl "
-            "backend, or set agent.route_prior: 0"
+            f"({type(policy).__name__}) cannot score the KB names it did not write. Fix: use the transformers, vl or "
+            "vllm backend, or openai against a vLLM-compatible server (policy.grammar_field: vllm, which `kbrouter "
+            "serve` is); or set agent.route_prior: 0"
         )
     return RoutePrior(kbs, weight, config.route_prior_encoder)
 
@@ -126,7 +127,7 @@ class AgentConfig:
             "help": "weight w of the evidence-aware route prior (agent/routing.py): a search goes to the KB "
             "maximising log p_policy(KB) + w * (affinity - best affinity), the affinity being the best cosine of the "
             "sub-question with the KB's docs; 0 = the policy routes alone; null = auto (the weight chosen in stop 38 "
-            "where the policy can score KB names (transformers and vl backends), else 0; what `kbrouter demo | ask | run` use)"
+            "where the policy can score KB names (transformers, vl, vllm; openai with grammar_field vllm), else 0; what `kbrouter demo | ask | run` use)"
         },
     )
     route_prior_encoder: str = field(default="minilm", metadata={"help": "text encoder of the route prior"})

@@ -69,6 +69,20 @@ def supports_grammar(policy: object) -> bool:
     return bool(getattr(policy, "supports_grammar", False))
 
 
+def scores_past_prefix(head: list[int], rows: list[tuple[list[int], list[float | None]]]) -> list[float]:
+    """Each continuation's summed log-probability from prompt scores (vLLM's `prompt_logprobs`, `kbrouter serve`):
+    `head` is the token ids of prompt + prefix alone, each row the ids and per-token log-probabilities of prompt +
+    prefix + one continuation. A continuation's tokens are those past the longest common prefix of the two id
+    lists, so a token that straddles the boundary counts with the continuation."""
+    import os
+
+    out = []
+    for ids, logprobs in rows:
+        shared = len(os.path.commonprefix([head, ids]))  # works on lists: the tokens both start with
+        out.append(float(sum(lp for lp in logprobs[shared:] if lp is not None)))
+    return out
+
+
 def message_images(messages: list[Message]) -> list[str]:
     """Image paths referenced in a conversation, in order."""
     return [

@@ -7,7 +7,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from agent.backends.base import Completion, Message, SamplingParams
+from agent.backends.base import Completion, Message, SamplingParams, scores_past_prefix
 from retrievers.retry import RetryPolicy, http_status
 
 logger = logging.getLogger(__name__)
@@ -204,9 +204,8 @@ class OpenAICompatiblePolicy:
         server's `prompt_logprobs` (vLLM, `kbrouter serve`); None for a conversation the server could not score
         (the route prior then keeps the policy's own pick).
 
-        One request per continuation and one for the prefix alone, concurrently: a continuation's tokens are those
-        after the prefix request's tokens end (the longest common prefix of the two token lists, so a token that
-        straddles the boundary counts with the continuation).
+        One request per continuation and one for the prefix alone, concurrently (`scores_past_prefix` says which
+        tokens are the continuation's).
         """
         if not continuations or any(not c for c in continuations):
             raise ValueError(f"continuation_logprobs needs non-empty continuations, got {continuations!r}")
@@ -222,9 +221,5 @@ class OpenAICompatiblePolicy:
                 logger.warning("could not score continuations at %s (%s); the policy's pick stands", self.url, e)
                 out.append(None)
                 continue
-            scores = []
-            for ids, logprobs in rows:
-                shared = len(os.path.commonprefix([head, ids]))  # works on lists: the tokens both start with
-                scores.append(float(sum(lp for lp in logprobs[shared:] if lp is not None)))
-            out.append(scores)
+            out.append(scores_past_prefix(head, rows))
         return out

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agent.backends.base import Completion, Message, SamplingParams
+from agent.backends.base import Completion, Message, SamplingParams, scores_past_prefix
 
 
 class VLLMPolicy:
@@ -17,6 +17,9 @@ class VLLMPolicy:
     """
 
     supports_grammar = True  # vLLM structured outputs (xgrammar / guidance backends)
+    supports_continuation_scoring = (
+        True  # `continuation_logprobs` from prompt_logprobs: what `agent.route_prior` reads
+    )
 
     def __init__(
         self,
@@ -69,4 +72,42 @@ class VLLMPolicy:
                 finish_reason=o.outputs[0].finish_reason or "stop",
             )
             for o in outputs
+        ]
+
+    def continuation_logprobs(
+        self,
+        conversations: list[list[Message]],
+        prefixes: list[str],
+        continuations: list[str],
+        step: str | None = None,  # noqa: ARG002 - one set of weights here
+    ) -> list[list[float]]:
+        """Per conversation, each continuation's summed log-probability after its prompt + prefix: every prompt +
+        prefix (+ continuation) is scored in one `LLM.chat` call, its last assistant message left open
+        (`continue_final_message`), with `prompt_logprobs=0` (each prompt token's own log-probability)."""
+        from agent.backends.openai_compat import to_openai_messages
+
+        if not continuations or any(not c for c in continuations):
+            raise ValueError(f"continuation_logprobs needs non-empty continuations, got {continuations!r}")
+        texts = ("", *continuations)
+        batch = [
+            to_openai_messages([*conv, {"role": "assistant", "content": prefix + text}])
+            for conv, prefix in zip(conversations, prefixes, strict=True)
+            for text in texts
+        ]
+        sp = self._vllm.SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
+        outputs = self.llm.chat(batch, sp, use_tqdm=False, add_generation_prompt=False, continue_final_message=True)
+        scored = [
+            (
+                o.prompt_token_ids,
+                [
+                    None if d is None else d[t].logprob
+                    for d, t in zip(o.prompt_logprobs, o.prompt_token_ids, strict=True)
+                ],
+            )
+            for o in outputs
+        ]
+        width = len(texts)
+        return [
+            scores_past_prefix(scored[c * width][0], scored[c * width + 1 : (c + 1) * width])
+            for c in range(len(conversations))
         ]

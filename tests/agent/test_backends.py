@@ -147,3 +147,18 @@ def test_vllm_engine_generates():
     p = VLLMPolicy("HuggingFaceTB/SmolLM2-135M-Instruct", max_model_len=2048, gpu_memory_utilization=0.3)
     (out,) = p.generate([CONV], SamplingParams(max_new_tokens=8))
     assert out.text and out.completion_tokens > 0
+
+
+@pytest.mark.gpu
+def test_vllm_engine_scores_kb_names_as_transformers_does(smollm2_dir):
+    """The route prior on the vLLM engine: KB-name scores from prompt_logprobs agree with the transformers policy."""
+    pytest.importorskip("vllm", reason="the vLLM engine needs vllm: pip install 'kbrouter[vllm]'")
+    from agent.backends.hf import TransformersPolicy
+    from agent.backends.vllm_engine import VLLMPolicy
+
+    prefix = "<think>the clips</think>\n<sub-question>Where are the lions?</sub-question>\n<ret>"
+    options = ["Text Retriever</ret>", "Clip Retriever</ret>", "None</ret>"]
+    engine = VLLMPolicy(smollm2_dir, max_model_len=2048, gpu_memory_utilization=0.3, dtype="float32")
+    (got,) = engine.continuation_logprobs([CONV], [prefix], options)
+    (expected,) = TransformersPolicy(smollm2_dir).continuation_logprobs([CONV], [prefix], options)
+    assert got == pytest.approx(expected, abs=2e-2)

@@ -141,7 +141,7 @@ def test_without_a_route_prior_records_stay_as_they_were(kbs):
 def test_a_policy_that_cannot_score_is_refused_before_generating(kbs):
     policy = ScriptedPolicy(lambda conv: "never")
     with pytest.raises(
-        ValueError, match=r"agent.route_prior is 10 but policy .*cannot score.*transformers or vl backend"
+        ValueError, match=r"agent.route_prior is 10 but policy .*cannot score.*transformers, vl or vllm backend"
     ):
         StepAgent(policy, kbs, AgentConfig(route_prior=10))
     assert policy.calls == []
