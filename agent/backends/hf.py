@@ -25,6 +25,23 @@ def truncate_at_stop(text: str, stop: tuple[str, ...]) -> str:
     return text[:cut]
 
 
+def padded_continuations(tokenizer, continuations: list[str]):  # noqa: ANN001, ANN201 - (ids, batch, mask)
+    """The continuations' token ids, and them as one right-padded batch with its mask (a row's scores then read only
+    its own positions), for `continuation_logprobs`."""
+    import torch
+
+    cont = [tokenizer(c, add_special_tokens=False)["input_ids"] for c in continuations]
+    if not cont or any(not ids for ids in cont):
+        raise ValueError(f"continuation_logprobs needs non-empty continuations, got {continuations!r}")
+    width = max(len(ids) for ids in cont)
+    batch = torch.full((len(cont), width), tokenizer.pad_token_id, dtype=torch.long)
+    real = torch.zeros((len(cont), width), dtype=torch.long)
+    for i, ids in enumerate(cont):
+        batch[i, : len(ids)] = torch.tensor(ids)
+        real[i, : len(ids)] = 1
+    return cont, batch, real
+
+
 class TransformersPolicy:
     """Batched generation with a Hugging Face causal LM and its chat template.
 
@@ -173,15 +190,8 @@ class TransformersPolicy:
 
         model, _ = self._weights(step)
         tok = self.tokenizer
-        cont = [tok(c, add_special_tokens=False)["input_ids"] for c in continuations]
-        if not cont or any(not ids for ids in cont):
-            raise ValueError(f"continuation_logprobs needs non-empty continuations, got {continuations!r}")
-        width = max(len(ids) for ids in cont)
-        batch = torch.full((len(cont), width), tok.pad_token_id, dtype=torch.long, device=self.device)
-        real = torch.zeros((len(cont), width), dtype=torch.long, device=self.device)
-        for i, ids in enumerate(cont):  # right-padded: a row's scores only read its own positions
-            batch[i, : len(ids)] = torch.tensor(ids, device=self.device)
-            real[i, : len(ids)] = 1
+        cont, batch, real = padded_continuations(tok, continuations)
+        batch, real = batch.to(self.device), real.to(self.device)
         out = []
         with torch.inference_mode():
             for conv, prefix in zip(conversations, prefixes, strict=True):

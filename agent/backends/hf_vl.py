@@ -24,7 +24,7 @@ import os
 from pathlib import Path
 
 from agent.backends.base import Completion, Message, SamplingParams
-from agent.backends.hf import abandoned_completion, all_abandoned, generate_completions
+from agent.backends.hf import abandoned_completion, all_abandoned, generate_completions, padded_continuations
 from agent.backends.models import resolve_model, warn_if_slow_bf16
 from agent.backends.prefix_cache import PrefixCache, batch_prefix_length, expanded, prefixed_layout
 from retrievers.media import MediaError, fit_pixels, load_image
@@ -212,16 +212,7 @@ class VisionLanguagePolicy:
         """
         import torch
 
-        tok = self.tokenizer
-        cont = [tok(c, add_special_tokens=False)["input_ids"] for c in continuations]
-        if not cont or any(not ids for ids in cont):
-            raise ValueError(f"continuation_logprobs needs non-empty continuations, got {continuations!r}")
-        width = max(len(ids) for ids in cont)
-        tail = torch.full((len(cont), width), tok.pad_token_id, dtype=torch.long)
-        real = torch.zeros((len(cont), width), dtype=torch.long)
-        for i, ids in enumerate(cont):
-            tail[i, : len(ids)] = torch.tensor(ids)
-            real[i, : len(ids)] = 1
+        cont, tail, real = padded_continuations(self.tokenizer, continuations)
         out = []
         for conv, prefix in zip(conversations, prefixes, strict=True):
             text, paths, _ = self.render(conv)
