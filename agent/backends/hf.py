@@ -28,16 +28,21 @@ def truncate_at_stop(text: str, stop: tuple[str, ...]) -> str:
 def padded_continuations(tokenizer, continuations: list[str]):  # noqa: ANN001, ANN201 - (ids, batch, mask)
     """The continuations' token ids, and them as one right-padded batch with its mask (a row's scores then read only
     its own positions), for `continuation_logprobs`."""
-    import torch
-
     cont = [tokenizer(c, add_special_tokens=False)["input_ids"] for c in continuations]
     if not cont or any(not ids for ids in cont):
         raise ValueError(f"continuation_logprobs needs non-empty continuations, got {continuations!r}")
+    return padded_continuations_ids(cont, tokenizer.pad_token_id)
+
+
+def padded_continuations_ids(cont: list[list[int]], tok_pad: int):  # noqa: ANN201 - (ids, batch, mask)
+    """Token id lists as one right-padded batch with its mask."""
+    import torch
+
     width = max(len(ids) for ids in cont)
-    batch = torch.full((len(cont), width), tokenizer.pad_token_id, dtype=torch.long)
+    batch = torch.full((len(cont), width), tok_pad, dtype=torch.long)
     real = torch.zeros((len(cont), width), dtype=torch.long)
     for i, ids in enumerate(cont):
-        batch[i, : len(ids)] = torch.tensor(ids)
+        batch[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
         real[i, : len(ids)] = 1
     return cont, batch, real
 
@@ -211,23 +216,54 @@ class TransformersPolicy:
     ) -> list[tuple[list[int], list[float | None]]]:
         """Per conversation (its last message an assistant reply to continue), the rendered prompt's token ids and
         each token's log-probability given the ones before it (None for the first): what vLLM returns as
-        `prompt_logprobs`, and what `kbrouter serve` answers with for a client scoring continuations remotely."""
+        `prompt_logprobs`, and what `kbrouter serve` answers with for a client scoring continuations remotely.
+
+        Conversations that differ only in their last message (a client scores one plan's KB names this way) share
+        one forward over their common tokens; each row's own tail then runs in one batch on a copy of its cache.
+        """
+        import json
+
+        tok = self.tokenizer
+        rows, groups = [], {}
+        for i, conv in enumerate(conversations):
+            if not conv or conv[-1]["role"] != "assistant":
+                raise ValueError("prompt_logprobs continues the last message: it must be an assistant message")
+            ids = tok(self.render(conv, continue_final=True), add_special_tokens=False)["input_ids"]
+            context = self.context_length()
+            if context is not None and len(ids) > context:
+                raise ValueError(f"a prompt of {len(ids)} tokens exceeds the context of {self.name} ({context})")
+            rows.append(ids)
+            groups.setdefault(json.dumps(text_only(conv[:-1]), sort_keys=True), []).append(i)
+        model, _ = self._weights(step)
+        out: list = [None] * len(rows)
+        for idx in groups.values():
+            for i, logprobs in zip(idx, self._scored_rows(model, [rows[i] for i in idx]), strict=True):
+                out[i] = (rows[i], logprobs)
+        return out
+
+    def _scored_rows(self, model, rows: list[list[int]]) -> list[list[float | None]]:  # noqa: ANN001
+        """Each row's per-token log-probabilities: one forward over the tokens all rows start with, then every
+        row's remaining tokens in one right-padded batch on a copy of that cache."""
         import torch
 
-        model, _ = self._weights(step)
-        tok = self.tokenizer
-        out = []
+        shared = batch_prefix_length(rows)  # leaves each row at least one token
+        if shared == 0:  # no token in common (or a one-token row): each row alone
+            return [[None] if len(r) < 2 else self._scored_rows(model, [r])[0] for r in rows]
         with torch.inference_mode():
-            for conv in conversations:
-                if not conv or conv[-1]["role"] != "assistant":
-                    raise ValueError("prompt_logprobs continues the last message: it must be an assistant message")
-                ids = tok(self.render(conv, continue_final=True), add_special_tokens=False)["input_ids"]
-                context = self.context_length()
-                if context is not None and len(ids) > context:
-                    raise ValueError(f"a prompt of {len(ids)} tokens exceeds the context of {self.name} ({context})")
-                logits = model(input_ids=torch.tensor([ids], device=self.device)).logits[0, :-1]
-                picked = logits.float().log_softmax(-1).gather(-1, torch.tensor(ids[1:], device=self.device)[:, None])
-                out.append((ids, [None, *(float(x) for x in picked[:, 0])]))
+            head = model(input_ids=torch.tensor([rows[0][:shared]], device=self.device), use_cache=True)
+            head_lp = head.logits[0].float().log_softmax(-1)
+            tails = [r[shared:] for r in rows]
+            _, batch, real = padded_continuations_ids(tails, tok_pad=self.tokenizer.pad_token_id)
+            mask = torch.cat([torch.ones((len(rows), shared), dtype=torch.long), real], 1).to(self.device)
+            rest = model(input_ids=batch.to(self.device), attention_mask=mask, cache=expanded(head.cache, len(rows)))
+            rest_lp = rest.logits.float().log_softmax(-1)
+        out = []
+        for k, r in enumerate(rows):
+            lp: list[float | None] = [None]
+            lp += [float(head_lp[j - 1, r[j]]) for j in range(1, shared)]
+            lp.append(float(head_lp[shared - 1, r[shared]]))
+            lp += [float(rest_lp[k, j - shared - 1, r[j]]) for j in range(shared + 1, len(r))]
+            out.append(lp)
         return out
 
     def _weights(self, step: str | None):  # noqa: ANN202 - (transformers model, PrefixCache | None)

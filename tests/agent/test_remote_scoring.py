@@ -86,3 +86,21 @@ def test_a_server_that_cannot_score_leaves_the_plan_unscored():
     assert not OpenAICompatiblePolicy(
         "http://127.0.0.1:1/v1", "m", grammar_field="sglang"
     ).supports_continuation_scoring
+
+
+def test_grouped_prompt_scores_equal_one_forward_per_conversation(served):
+    """`prompt_logprobs` shares one forward among conversations that differ only in their open reply; every token's
+    score equals that of a plain forward over its own conversation, mixed groups and a lone conversation included."""
+    import torch
+
+    _, policy = served
+    other = [{"role": "user", "content": "What is the capital of France?"}]
+    convs = [[*CONV, {"role": "assistant", "content": PREFIX + o}] for o in ("", *OPTIONS)]
+    convs.insert(2, [*other, {"role": "assistant", "content": "<think>"}])
+    for conv, (ids, logprobs) in zip(convs, policy.prompt_logprobs(convs, step="plan"), strict=True):
+        full = policy.tokenizer(policy.render(conv, continue_final=True), add_special_tokens=False)["input_ids"]
+        assert ids == full and logprobs[0] is None
+        with torch.inference_mode():
+            logp = policy.model(input_ids=torch.tensor([ids])).logits[0].float().log_softmax(-1)
+        expected = [float(logp[j - 1, t]) for j, t in enumerate(ids) if j]
+        assert logprobs[1:] == pytest.approx(expected, abs=2e-3)
