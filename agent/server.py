@@ -282,9 +282,8 @@ def create_app(  # noqa: ANN201 (an ASGI app)
             req = ChatRequest.model_validate(body)
         except ValidationError as e:
             raise ValueError(validation_message(e)) from None
-        messages = _to_kbrouter_messages(req.messages, uploads)
         if scoring_request(req, policy):
-            return messages, (SCORE, req.kbrouter_step), req.return_token_ids
+            return _to_kbrouter_messages(req.messages, uploads), (SCORE, req.kbrouter_step), req.return_token_ids
         grammar = request_grammar(body)
         if grammar and not supports_grammar(policy):
             raise ValueError(f"this server's policy ({name}) has no structured output; drop the grammar field")
@@ -302,7 +301,7 @@ def create_app(  # noqa: ANN201 (an ASGI app)
             grammar=grammar,
             step=req.kbrouter_step,
         )
-        return messages, params, req.return_token_ids
+        return _to_kbrouter_messages(req.messages, uploads), params, False
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> JSONResponse:
