@@ -129,12 +129,11 @@ class TransformersPolicy:
     def render(self, conversation: list[Message], continue_final: bool = False) -> str:
         """The prompt string the model sees for one conversation; `continue_final` renders its last (assistant)
         message open, to be continued, instead of opening a new assistant turn."""
-        return self.tokenizer.apply_chat_template(
-            text_only(conversation),
-            tokenize=False,
-            add_generation_prompt=not continue_final,
-            continue_final_message=continue_final,
-        )
+        if continue_final:
+            return self.tokenizer.apply_chat_template(
+                text_only(conversation), tokenize=False, add_generation_prompt=False, continue_final_message=True
+            )
+        return self.tokenizer.apply_chat_template(text_only(conversation), tokenize=False, add_generation_prompt=True)
 
     def context_length(self) -> int | None:
         """The most tokens (prompt + completion) the model takes, from its config; None when it does not say."""

@@ -139,9 +139,12 @@ class VisionLanguagePolicy:
         """The prompt string for one conversation, the image paths it uses (in order), and how many were dropped;
         `continue_final` leaves its last (assistant) message open instead of opening a new assistant turn."""
         messages, paths, dropped = _budget(conversation, self.max_images)
-        text = self.processor.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=not continue_final, continue_final_message=continue_final
-        )
+        if continue_final:
+            text = self.processor.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=False, continue_final_message=True
+            )
+        else:
+            text = self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return text, paths, dropped
 
     def prompt_logprobs(
