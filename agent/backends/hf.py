@@ -25,13 +25,18 @@ def truncate_at_stop(text: str, stop: tuple[str, ...]) -> str:
     return text[:cut]
 
 
-def padded_continuations(tokenizer, continuations: list[str]):  # noqa: ANN001, ANN201 - (ids, batch, mask)
-    """The continuations' token ids, and them as one right-padded batch with its mask (a row's scores then read only
-    its own positions), for `continuation_logprobs`."""
+def continuation_ids(tokenizer, continuations: list[str]) -> list[list[int]]:  # noqa: ANN001
+    """The continuations' token ids; an empty list or an empty continuation is refused."""
     cont = [tokenizer(c, add_special_tokens=False)["input_ids"] for c in continuations]
     if not cont or any(not ids for ids in cont):
         raise ValueError(f"continuation_logprobs needs non-empty continuations, got {continuations!r}")
-    return padded_continuations_ids(cont, tokenizer.pad_token_id)
+    return cont
+
+
+def padded_continuations(tokenizer, continuations: list[str]):  # noqa: ANN001, ANN201 - (ids, batch, mask)
+    """The continuations' token ids, and them as one right-padded batch with its mask (a row's scores then read only
+    its own positions), for `continuation_logprobs`."""
+    return padded_continuations_ids(continuation_ids(tokenizer, continuations), tokenizer.pad_token_id)
 
 
 def padded_continuations_ids(cont: list[list[int]], tok_pad: int):  # noqa: ANN201 - (ids, batch, mask)
@@ -187,27 +192,17 @@ class TransformersPolicy:
     ) -> list[list[float]]:
         """Per conversation, the summed log-probability of each continuation after its rendered prompt + prefix.
 
-        One forward pass over each prompt, then all continuations in one batch on a copy of its cache. `step`
-        picks the weights as `generate` does (`plan` runs on the plan adapter's, when there is one).
+        One forward pass over each prompt, then all continuations in one batch on a copy of its cache
+        (`_scored_rows`, which `prompt_logprobs` shares). `step` picks the weights as `generate` does (`plan` runs on
+        the plan adapter's, when there is one).
         """
-        import torch
-
         model, _ = self._weights(step)
-        tok = self.tokenizer
-        cont, batch, real = padded_continuations(tok, continuations)
-        batch, real = batch.to(self.device), real.to(self.device)
+        cont = continuation_ids(self.tokenizer, continuations)
         out = []
-        with torch.inference_mode():
-            for conv, prefix in zip(conversations, prefixes, strict=True):
-                ids = tok(self.render(conv) + prefix, return_tensors="pt", add_special_tokens=False)["input_ids"]
-                first = model(input_ids=ids.to(self.device), use_cache=True)
-                mask = torch.cat(
-                    [torch.ones((len(cont), ids.shape[1]), dtype=torch.long, device=self.device), real], 1
-                )
-                rest = model(input_ids=batch, attention_mask=mask, cache=expanded(first.cache, len(cont)))
-                logits = torch.cat([first.logits[:, -1:].expand(len(cont), -1, -1), rest.logits[:, :-1]], 1)
-                picked = logits.float().log_softmax(-1).gather(-1, batch.unsqueeze(-1)).squeeze(-1)
-                out.append([float(picked[i, : len(c)].sum()) for i, c in enumerate(cont)])
+        for conv, prefix in zip(conversations, prefixes, strict=True):
+            head = self.tokenizer(self.render(conv) + prefix, add_special_tokens=False)["input_ids"]
+            rows = self._scored_rows(model, [head + c for c in cont])
+            out.append([float(sum(lp[len(head) :])) for lp in rows])  # type: ignore[arg-type] - no None past the head
         return out
 
     def prompt_logprobs(
