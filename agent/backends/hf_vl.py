@@ -154,23 +154,46 @@ class VisionLanguagePolicy:
     ) -> list[tuple[list[int], list[float | None]]]:
         """Per conversation (its last message an assistant reply to continue), the processed prompt's token ids
         (images expanded) and each token's log-probability given the ones before it (None for the first): what
-        `kbrouter serve --backend vl` answers a scoring request with."""
-        import torch
+        `kbrouter serve --backend vl` answers a scoring request with.
 
-        out = []
-        for conv in conversations:
+        Conversations with the same images (a route prior's one request per KB name) share one padded forward
+        pass; a row's scores read only its own positions, and Qwen2.5-VL's rope positions follow the mask."""
+        groups: dict[tuple[str, ...], list[tuple[int, str]]] = {}
+        for i, conv in enumerate(conversations):
             if not conv or conv[-1]["role"] != "assistant":
                 raise ValueError("prompt_logprobs continues the last message: it must be an assistant message")
             text, paths, _ = self.render(conv, continue_final=True)
+            groups.setdefault(tuple(paths), []).append((i, text))
+        out: list[tuple[list[int], list[float | None]] | None] = [None] * len(conversations)
+        for paths, members in groups.items():
             images = [self._load(p) for p in paths]
-            enc = self.processor(text=[text], images=images or None, return_tensors="pt", add_special_tokens=False)
-            self._forget_rope_offsets()
-            with torch.inference_mode():
-                logits = self.model(**enc.to(self.device)).logits[0, :-1]
-            self._forget_rope_offsets()
-            ids = enc["input_ids"][0]
-            picked = logits.float().log_softmax(-1).gather(-1, ids[1:, None].to(self.device))[:, 0]
-            out.append((ids.tolist(), [None, *(float(x) for x in picked)]))
+            for start in range(0, len(members), self.max_batch_size):
+                chunk = members[start : start + self.max_batch_size]
+                for (i, _), scored in zip(chunk, self._scored_texts([t for _, t in chunk], images), strict=True):
+                    out[i] = scored
+        return out  # type: ignore[return-value]
+
+    def _scored_texts(self, texts: list[str], images: list) -> list[tuple[list[int], list[float | None]]]:
+        """Token ids and per-token log-probabilities of prompts that all show `images`, in one forward pass."""
+        import torch
+
+        enc = self.processor(
+            text=texts,
+            images=images * len(texts) or None,
+            padding=True,
+            return_tensors="pt",
+            add_special_tokens=False,
+        )
+        self._forget_rope_offsets()
+        with torch.inference_mode():
+            logits = self.model(**enc.to(self.device)).logits
+        self._forget_rope_offsets()
+        out = []
+        for row, mask in zip(enc["input_ids"], enc["attention_mask"], strict=True):
+            where = mask.nonzero()[:, 0].to(self.device)  # a row's real tokens: contiguous, padded on either side
+            ids = row[where.cpu()]
+            picked = logits[len(out), where[:-1]].float().log_softmax(-1).gather(-1, ids[1:, None].to(self.device))
+            out.append((ids.tolist(), [None, *(float(x) for x in picked[:, 0])]))
         return out
 
     def _load(self, path: str):

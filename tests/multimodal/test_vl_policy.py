@@ -167,3 +167,24 @@ def test_prompt_scores_of_an_open_reply_add_up_to_the_continuation_scores(tiny_v
     assert sum(logprobs[-n:]) == pytest.approx(expected, abs=1e-3)
     with pytest.raises(ValueError, match="must be an assistant message"):
         tiny_vl_policy.prompt_logprobs([conv])
+
+
+def test_grouped_prompt_scores_equal_one_conversation_at_a_time(tiny_vl_policy):
+    """A served route prior sends one scoring request per KB name: those sharing images run as one padded forward,
+    and every row scores as it does alone (mixed images, reply lengths and a conversation without images)."""
+    prefix = "<think>look</think>\n<sub-question>What is shown?</sub-question>\n<ret>"
+    options = ["Image Retriever</ret>", "Text Retriever</ret>", "Clip Retriever over a long name</ret>", ""]
+    convs = [
+        [*user(image), {"role": "assistant", "content": prefix + option}]
+        for image in (IMAGES[0], IMAGES[1])
+        for option in options
+    ]
+    convs.append([{"role": "user", "content": "No image here."}, {"role": "assistant", "content": prefix}])
+    grouped = tiny_vl_policy.prompt_logprobs(convs)
+    for conv, (ids, logprobs) in zip(convs, grouped, strict=True):
+        ((alone_ids, alone),) = tiny_vl_policy.prompt_logprobs([conv])
+        assert ids == alone_ids
+        assert logprobs[0] is None and alone[0] is None
+        assert logprobs[1:] == pytest.approx(alone[1:], abs=1e-4)
+    # another image scores the same reply differently: rows did not read each other's images
+    assert grouped[0][1][-3:] != pytest.approx(grouped[len(options)][1][-3:], abs=1e-4)
