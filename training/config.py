@@ -128,6 +128,19 @@ class StepDataArgs:
         },
     )
     kb_list_min: int = field(default=2, metadata={"help": "Fewest KBs a re-rendered list keeps."})
+    kb_name_share: float = field(
+        default=0.0,
+        metadata={
+            "help": "Share of plan records re-rendered with their KBs under other names, descriptions kept "
+            "(training/kb_lists.py), so routing reads the descriptions instead of memorising the names."
+        },
+    )
+    kb_name_aliases: dict | None = field(
+        default=None, metadata={"help": "{display name: [other names]}: the names a renamed KB may take."}
+    )
+    kb_name_opaque: float = field(
+        default=0.3, metadata={"help": "Chance that a renamed KB gets an opaque name ('Collection 4') instead."}
+    )
 
     def _check_data_args(self) -> None:
         max_steps = getattr(self, "max_steps", -1)
@@ -160,6 +173,14 @@ class StepDataArgs:
             raise ValueError(f"`kb_list_share` must be a share in [0, 1], got {self.kb_list_share!r}; e.g. 0.6")
         if isinstance(self.kb_list_min, bool) or self.kb_list_min < 1:
             raise ValueError(f"`kb_list_min` must be >= 1, got {self.kb_list_min!r}")
+        for key in ("kb_name_share", "kb_name_opaque"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
+                raise ValueError(f"`{key}` must be a share in [0, 1], got {value!r}; e.g. 0.5")
+        if self.kb_name_aliases is not None:
+            from training.kb_lists import check_kb_aliases
+
+            check_kb_aliases(self.kb_name_aliases)
         if self.init_adapter is not None:
             if self.lora is not None:
                 raise ValueError("`init_adapter` trains an existing adapter further; drop `lora` (its rank is fixed)")

@@ -1,10 +1,16 @@
-"""Shuffled and subsetted KB lists for plan records: routing must read the list, not memorise one layout.
+"""Shuffled, subsetted and renamed KB lists for plan records: routing must read the list, not memorise one layout
+or a handful of names.
 
 Synthesis renders every plan prompt with the same KB set in the same order. A router trained only on that layout
 routes by position and by its prior: the shipped stop-11 router sent all 7 demo questions (a two-KB list it never
 saw) to the Table Retriever. Here a share of the plan records is re-rendered (through `agent.protocol`, the one owner
 of the prompt text) with a random subset of the KBs in a random order. The gold KB is always kept, so the target
 stays right; a stop step (gold KB None) may get any subset.
+
+Names are the other half. A router trained under five fixed names routes by the name: under names a user might give
+(docs/stop40/: "Encyclopedia Passages", "Film Archive", ...) the shipped router sent 2 % of its text searches to the
+text KB. `vary_kb_names` re-renders a share of the plan records with each KB under another name, an alias from the
+recipe or an opaque one ("Collection 4"), its description kept, so the description is what tells the KBs apart.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import random
 
-from agent.protocol import plan_kb_list, with_kb_list
+from agent.protocol import check_display_name, plan_kb_list, with_kb_list
 from agent.step_records import PLAN, StepRecord
 
 
@@ -39,4 +45,59 @@ def vary_kb_lists(records: list[StepRecord], share: float, min_kbs: int = 2, see
         rng.shuffle(chosen)
         out.append(dataclasses.replace(r, messages=with_kb_list(r.messages, chosen),
                                        kb_names=tuple(name for name, _ in chosen)))  # fmt: skip
+    return out
+
+
+OPAQUE_NAMES = ("Collection {}", "Index {}", "KB {}", "Store {}", "Database {}")
+
+
+def check_kb_aliases(aliases: dict) -> None:
+    """Raise, naming the alias, when one could not be a display name (the step grammar must write it in `<ret>`, and
+    the prompt's KB list splits a line at its first ': ')."""
+    for name, names in aliases.items():
+        if not isinstance(names, list) or not names:
+            raise ValueError(f"`kb_name_aliases.{name}` must be a non-empty list of names, got {names!r}")
+        for alias in names:
+            check_display_name(alias, where=f"`kb_name_aliases.{name}`")
+            if ": " in alias:
+                raise ValueError(f"`kb_name_aliases.{name}`: {alias!r} may not hold ': ' (it ends a KB's name)")
+
+
+def vary_kb_names(
+    records: list[StepRecord], share: float, aliases: dict[str, list[str]], opaque: float = 0.3, seed: int = 0
+) -> list[StepRecord]:
+    """Re-render `share` of the plan records with their KBs renamed, descriptions kept.
+
+    In a renamed record each KB gets, independently, an opaque name (with probability `opaque`), else one of
+    `aliases[its name]`, else keeps its name; no two KBs of a list share one. The gold KB and `kb_names` follow the new
+    names. Answer and final records are untouched (their prompts name no KB).
+    """
+    if not 0.0 <= share <= 1.0 or not 0.0 <= opaque <= 1.0:
+        raise ValueError(f"`kb_name_share` and `kb_name_opaque` must be in [0, 1], got {share!r} and {opaque!r}")
+    check_kb_aliases(aliases)
+    rng = random.Random(seed)
+    out = []
+    for r in records:
+        if r.step_type != PLAN or rng.random() >= share:
+            out.append(r)
+            continue
+        kbs = plan_kb_list(r.messages)
+        taken = {name for name, _ in kbs}
+        renamed: dict[str, str] = {}
+        for name, _ in kbs:
+            if rng.random() < opaque:
+                options = [t.format(n) for t in OPAQUE_NAMES for n in range(1, 10)]
+            else:
+                options = aliases.get(name, [])
+            options = [o for o in options if o not in taken or o == name]
+            new = rng.choice(options) if options else name
+            renamed[name] = new
+            taken.add(new)
+        gold = r.gold.get("kb")
+        out.append(dataclasses.replace(
+            r,
+            messages=with_kb_list(r.messages, [(renamed[name], desc) for name, desc in kbs]),
+            kb_names=tuple(renamed[name] for name, _ in kbs),
+            gold={**r.gold, "kb": renamed.get(gold, gold)} if isinstance(gold, str) else r.gold,
+        ))  # fmt: skip
     return out

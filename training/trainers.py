@@ -12,7 +12,7 @@ from pathlib import Path
 from agent.backends.models import warn_if_slow_bf16
 from agent.protocol import is_none
 from training.config import StepDataArgs, StepGRPOConfig, StepSFTConfig
-from training.kb_lists import vary_kb_lists
+from training.kb_lists import vary_kb_lists, vary_kb_names
 from training.rewards import PLAN, RewardFunc, build_reward
 from training.step_data import StepRecord, load_step_records, resolve_images
 from training.step_dataset import build_step_dataset
@@ -43,6 +43,9 @@ def load_records(cfg: StepDataArgs, path: str) -> list[StepRecord]:
         records = kept[: cfg.max_train_samples]
     if cfg.kb_list_share:
         records = vary_kb_lists(records, cfg.kb_list_share, cfg.kb_list_min, seed=cfg.sample_seed or 0)
+    if cfg.kb_name_share:
+        aliases = cfg.kb_name_aliases or {}
+        records = vary_kb_names(records, cfg.kb_name_share, aliases, cfg.kb_name_opaque, seed=cfg.sample_seed or 0)
     return records
 
 

@@ -87,6 +87,8 @@ def test_paper_defaults_and_overrides():
         (["--max_steps", "0"], ValueError, r"`max_steps` must be -1"),
         (["--kb_list_share", "1.5"], ValueError, r"`kb_list_share` must be a share in \[0, 1\], got 1.5"),
         (["--kb_list_min", "0"], ValueError, r"`kb_list_min` must be >= 1"),
+        (["--kb_name_share", "2"], ValueError, r"`kb_name_share` must be a share in \[0, 1\], got 2"),
+        (["--kb_name_aliases", "{Text Retriever: [a<b]}"], ValueError, r"`kb_name_aliases.Text Retriever`: display_"),
         (["--max_per_dataset", "{coco: -1}"], ValueError, r"`max_per_dataset.coco` must be a count >= 0, got -1"),
         (["--rollout_min_steps", "1"], ValueError, r"`rollout_min_steps` .* needs `constrained_rollouts: true`"),
         (["--rollout_min_steps", "-1"], ValueError, r"`rollout_min_steps` must be a step count >= 0, got -1"),

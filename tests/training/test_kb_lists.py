@@ -1,4 +1,4 @@
-"""Varied KB lists for plan records (training/kb_lists.py) and the prompt round trip they rest on."""
+"""Varied KB lists and names for plan records (training/kb_lists.py) and the prompt round trip they rest on."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from agent.protocol import PromptSettings, parse_plan, plan_kb_list, plan_messages, with_kb_list
 from agent.step_records import PLAN, StepRecord
-from training.kb_lists import vary_kb_lists
+from training.kb_lists import vary_kb_lists, vary_kb_names
 
 KBS = [
     ("Text Retriever", "Wikipedia paragraphs."),
@@ -76,3 +76,55 @@ def test_a_varied_prompt_still_parses_and_routes_within_its_own_list() -> None:
 def test_bad_settings_are_named(share: float, min_kbs: int, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         vary_kb_lists([_plan(0, "Text Retriever")], share=share, min_kbs=min_kbs)
+
+
+ALIASES = {"Text Retriever": ["Wikipedia", "Documents"], "Table Retriever": ["Data Tables"]}
+
+
+def test_renamed_lists_keep_descriptions_and_the_gold_follows_its_kb() -> None:
+    golds = ["Text Retriever", "Table Retriever", None, "Clip Retriever"] * 50
+    records = [_plan(i, g) for i, g in enumerate(golds)]
+    renamed = vary_kb_names(records, share=1.0, aliases=ALIASES, opaque=0.3, seed=0)
+    names: Counter = Counter()
+    for before, after in zip(records, renamed, strict=True):
+        listed = plan_kb_list(after.messages)
+        assert [d for _, d in listed] == [d for _, d in KBS]  # same KBs, same order, same descriptions
+        assert tuple(n for n, _ in listed) == after.kb_names and len(set(after.kb_names)) == len(KBS)
+        old_to_new = {old: new for (old, _), (new, _) in zip(KBS, listed, strict=True)}
+        assert after.gold == {**before.gold, "kb": old_to_new.get(before.gold["kb"])}
+        assert after.messages[1] == before.messages[1]
+        parsed = parse_plan(f"<think>t</think><sub-question>q?</sub-question><ret>{after.kb_names[0]}</ret>",
+                            after.kb_names)  # fmt: skip
+        assert parsed.kb == after.kb_names[0] and not parsed.errors
+        names.update(old_to_new.items())
+    # every alias drawn, opaque names for every KB, and a KB without aliases keeps its name otherwise
+    text_names = {new for (old, new) in names if old == "Text Retriever"}
+    assert {"Wikipedia", "Documents"} <= text_names and "Text Retriever" not in text_names
+    assert "Image Retriever" in {new for (old, new) in names if old == "Image Retriever"}
+    assert all(any(old == o and new.split()[0] in ("Collection", "Index", "KB", "Store", "Database")
+                   for (o, new) in names) for old, _ in KBS)  # fmt: skip
+    opaque = sum(n for (old, new), n in names.items() if new not in (old, *ALIASES.get(old, [])))
+    assert 0.2 < opaque / names.total() < 0.4
+
+
+def test_renaming_is_seeded_and_leaves_other_step_types_alone() -> None:
+    records = [_plan(i, "Text Retriever") for i in range(20)]
+    answer = StepRecord("a", "answer", [{"role": "user", "content": "x"}], {"answers": ["y"]})
+    once = vary_kb_names([*records, answer], 0.5, ALIASES, seed=3)
+    assert once == vary_kb_names([*records, answer], 0.5, ALIASES, seed=3) and once[-1] == answer
+    assert once != vary_kb_names([*records, answer], 0.5, ALIASES, seed=4)
+    assert vary_kb_names(records, 0.0, ALIASES) == records
+
+
+@pytest.mark.parametrize(
+    "aliases, match",
+    [
+        ({"Text Retriever": ["Wiki <b>"]}, "kb_name_aliases.Text Retriever"),
+        ({"Text Retriever": ["Wiki: pages"]}, "may not hold ': '"),
+        ({"Text Retriever": []}, "non-empty list"),
+        ({"Text Retriever": ["None"]}, "reads as 'None'"),
+    ],
+)
+def test_bad_aliases_are_named(aliases: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        vary_kb_names([_plan(0, "Text Retriever")], 1.0, aliases)
