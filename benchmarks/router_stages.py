@@ -13,6 +13,8 @@ standard error (paired over the same prompts).
     python benchmarks/router_stages.py --routing --stages sft1 sft grpo   # + first-step KB accuracy, constrained
     python benchmarks/router_stages.py --routing --vary-kb-lists 1.0 --stages sft   # routing over other KB lists
     python benchmarks/router_stages.py --constrained --limit 30 --stages base sft grpo   # as the agent decodes
+    python benchmarks/router_stages.py --routing --limit 1 --kb-names configs/kb/eval_cpu_renamed.yaml \
+        --stages grpo names=runs/train/smollm2_router_sft_names   # first-step routing under other KB names
     python benchmarks/router_stages.py --routing --recipe configs/train/smollm2_router_grpo_onestage_lora_cpu.yaml \
         --stages base sft=runs/train/smollm2_router_sft_onestage grpo=runs/train/smollm2_router_grpo_onestage
 
@@ -21,6 +23,8 @@ final where it names none); intermediate-answer steps are scored by the recipe's
 
 `--routing` adds, per stage, the share of held-out *first* plan steps whose KB is the gold one, per dataset, under
 constrained greedy decoding with the stop branch removed (as `kbrouter demo | ask | run` decode the first step).
+`--kb-names FILE` lists the KBs of those prompts under FILE's display names, matched by KB `name` to `--kb-from` (the
+KB file the held-out records were rendered from), descriptions kept: how a router routes KBs named unlike its own.
 """
 
 from __future__ import annotations
@@ -153,6 +157,10 @@ def main() -> None:
                     help="decode every step under its grammar, as the agent does (the format component is then 1)")  # fmt: skip
     ap.add_argument("--vary-kb-lists", type=float, default=0.0, metavar="SHARE",
                     help="re-render SHARE of the routing prompts with a shuffled subset of the KB list (seed 123)")  # fmt: skip
+    ap.add_argument("--kb-names", default=None, metavar="KB_YAML",
+                    help="rename the routing prompts' KBs to this file's display names (matched by KB name)")  # fmt: skip
+    ap.add_argument("--kb-from", default="configs/kb/eval_cpu.yaml", metavar="KB_YAML",
+                    help="the KB file the held-out records were rendered from (for --kb-names)")  # fmt: skip
     args = ap.parse_args()
 
     from agent.backends.hf import TransformersPolicy
@@ -183,6 +191,14 @@ def main() -> None:
         from training.kb_lists import vary_kb_lists
 
         all_records = vary_kb_lists(all_records, args.vary_kb_lists, min_kbs=2, seed=123)
+    if args.kb_names:
+        from agent.kbs import kb_configs
+        from training.kb_lists import renamed_kbs
+
+        shown = {c.name: c.display_name for c in kb_configs(REPO / args.kb_from)}
+        names = {shown[c.name]: c.display_name for c in kb_configs(REPO / args.kb_names) if c.name in shown}
+        print(f"KB names: {names}", flush=True)
+        all_records = [renamed_kbs(r, names) if r.step_type == "plan" else r for r in all_records]
     stages = dict(args.stages)
     keys = ["reward"] + [f.__name__ for f in funcs]
     for stage, adapter in stages.items():

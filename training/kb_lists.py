@@ -93,11 +93,18 @@ def vary_kb_names(
             new = rng.choice(options) if options else name
             renamed[name] = new
             taken.add(new)
-        gold = r.gold.get("kb")
-        out.append(dataclasses.replace(
-            r,
-            messages=with_kb_list(r.messages, [(renamed[name], desc) for name, desc in kbs]),
-            kb_names=tuple(renamed[name] for name, _ in kbs),
-            gold={**r.gold, "kb": renamed.get(gold, gold)} if isinstance(gold, str) else r.gold,
-        ))  # fmt: skip
+        out.append(renamed_kbs(r, renamed))
     return out
+
+
+def renamed_kbs(record: StepRecord, names: dict[str, str]) -> StepRecord:
+    """A plan record with its KBs listed under `names[old name]` (a KB not in `names` keeps its own), descriptions
+    kept; its gold KB and `kb_names` follow."""
+    kbs = plan_kb_list(record.messages)
+    gold = record.gold.get("kb")
+    return dataclasses.replace(
+        record,
+        messages=with_kb_list(record.messages, [(names.get(name, name), desc) for name, desc in kbs]),
+        kb_names=tuple(names.get(name, name) for name, _ in kbs),
+        gold={**record.gold, "kb": names.get(gold, gold)} if isinstance(gold, str) else record.gold,
+    )
