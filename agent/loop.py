@@ -32,7 +32,7 @@ from agent.protocol import (
     strip_tags,
     with_format_reminder,
 )
-from agent.routing import AUTO_WEIGHT, RoutePrior, normalized
+from agent.routing import AUTO_WEIGHT, CONTENT_ONLY, RoutePrior, normalized
 from agent.types import Question, Step, Trajectory
 from retrievers.types import Hit, Query
 
@@ -66,6 +66,15 @@ def make_route_prior(config: AgentConfig, policy: Policy, kbs: dict[str, Knowled
     can_score = bool(getattr(policy, "supports_continuation_scoring", False))
     weight = config.route_prior
     if weight is None:  # auto
+        trained = getattr(policy, "trained_kb_names", None)
+        unknown = sorted(set(kbs) - trained) if trained is not None else []
+        if unknown:  # its log-probs know other names: route by content (agent/routing.py, docs/stop40/)
+            logger.info(
+                "route prior: the router was not trained on the KB names %s; each search goes to the KB whose docs are "
+                "closest to its sub-question (set agent.route_prior to a weight to fuse its own choice back in)",
+                unknown,
+            )
+            return RoutePrior(kbs, CONTENT_ONLY, config.route_prior_encoder)
         weight = AUTO_WEIGHT if can_score else 0.0
     if weight == 0:
         return None
@@ -423,7 +432,7 @@ class StepAgent:
             return {}
         affinities = dict(zip(todo, prior.affinity([plans[i][0].sub_question for i in todo]), strict=True))  # type: ignore[union-attr]
         picks = {i: plans[i][0].kb for i in todo}  # type: ignore[union-attr]
-        contested = [i for i in todo if prior.contested(picks[i], affinities[i])]
+        contested = [i for i in todo if prior.contested(picks[i], affinities[i]) and not prior.content_only]
         names = list(self.kbs)
         scores = (
             self.policy.continuation_logprobs(  # type: ignore[attr-defined] - checked in make_route_prior
@@ -444,7 +453,8 @@ class StepAgent:
         for i in todo:
             parsed, raw = plans[i]
             assert isinstance(parsed, PlanParse)
-            chosen = prior.choose(picks[i], logprobs[i], affinities[i]) if i in logprobs else picks[i]
+            scored = i in logprobs or prior.content_only  # content only reads no log-probs
+            chosen = prior.choose(picks[i], logprobs.get(i, {}), affinities[i]) if scored else picks[i]
             out[i] = prior.describe(logprobs.get(i, {}), affinities[i], picks[i], chosen)
             if chosen != parsed.kb:
                 plans[i] = (replace(parsed, kb=chosen), raw)

@@ -199,9 +199,12 @@ def build_grpo_trainer(cfg: StepGRPOConfig):
     train_ds = train_ds.remove_columns("completion")
     eval_ds = eval_ds.remove_columns("completion") if eval_ds is not None else None
     logger.info("Step-GRPO on %d step prompts (%s)", len(train_ds), dict(_count(train_ds["step_type"])))
+    names = plan_kb_names(train_ds)
     if not cfg.constrained_rollouts:
-        return make_trainer(GRPOTrainer, cfg, model_path, processing_class, train_ds, eval_dataset=eval_ds,
-                            reward_funcs=rewards)  # fmt: skip
+        trainer = make_trainer(GRPOTrainer, cfg, model_path, processing_class, train_ds, eval_dataset=eval_ds,
+                               reward_funcs=rewards)  # fmt: skip
+        trainer.kb_names = names
+        return trainer
     from training.constrained_rollouts import ConstrainedRollouts, constrained_trainer_class
 
     rollouts = ConstrainedRollouts(cfg.grammar_tokens, min_steps=cfg.rollout_min_steps)
@@ -209,6 +212,7 @@ def build_grpo_trainer(cfg: StepGRPOConfig):
     trainer = make_trainer(constrained_trainer_class(), cfg, model_path, processing_class, train_ds,
                            eval_dataset=eval_ds, reward_funcs=rewards, rollout_func=rollouts.rollout_func)  # fmt: skip
     trainer.constrained = rollouts
+    trainer.kb_names = names
     return trainer
 
 
@@ -217,12 +221,21 @@ def build_sft_trainer(cfg: StepSFTConfig):
     from training.decision_loss import DecisionWeightedSFTTrainer
 
     model_path, processing_class, train_ds, eval_ds = step_datasets(cfg)
+    names = plan_kb_names(train_ds)
     keep = ["prompt", "completion"] + (["images"] if "images" in train_ds.column_names else [])
     train_ds = train_ds.select_columns(keep)
     eval_ds = eval_ds.select_columns(keep) if eval_ds is not None else None
     logger.info("SFT on %d step examples", len(train_ds))
-    return make_trainer(DecisionWeightedSFTTrainer, cfg, model_path, processing_class, train_ds, eval_dataset=eval_ds,
-                        decision_weight=cfg.decision_weight)  # fmt: skip
+    trainer = make_trainer(DecisionWeightedSFTTrainer, cfg, model_path, processing_class, train_ds,
+                           eval_dataset=eval_ds, decision_weight=cfg.decision_weight)  # fmt: skip
+    trainer.kb_names = names
+    return trainer
+
+
+def plan_kb_names(train_ds) -> set[str]:  # noqa: ANN001 - a step dataset
+    """The KB names the dataset's plan prompts list: what the trained adapter's router card records."""
+    rows = zip(train_ds["step_type"], train_ds["kb_names"], strict=True)
+    return {n for step_type, names in rows if step_type == PLAN for n in names}
 
 
 def _count(values: list[str]) -> dict:
@@ -400,7 +413,18 @@ def train(trainer, cfg) -> dict:
         trainer._load_from_checkpoint(checkpoint)  # weights only (a LoRA adapter or the full model)
         trainer.state = TrainerState.load_from_json(str(Path(checkpoint) / "trainer_state.json"))
         trainer.save_model(cfg.output_dir)
+        save_router_card(trainer, cfg)
         return {"global_step": step, "resumed_finished_checkpoint": checkpoint}
     result = trainer.train(resume_from_checkpoint=checkpoint)
     trainer.save_model(cfg.output_dir)
+    save_router_card(trainer, cfg)
     return dict(result.metrics)
+
+
+def save_router_card(trainer, cfg) -> None:  # noqa: ANN001
+    """Next to a saved LoRA adapter, the KB names its plan steps trained on (`agent.route_prior: auto` reads it)."""
+    from agent.backends.models import write_router_card
+
+    names = getattr(trainer, "kb_names", None)
+    if names and (Path(cfg.output_dir) / "adapter_config.json").is_file():
+        write_router_card(cfg.output_dir, names, getattr(cfg, "init_adapter", None))

@@ -96,11 +96,14 @@ class TransformersPolicy:
 
         alias = model
         model, adapter = resolve_policy_model(model, adapter)
-        from agent.backends.models import adapter_base_name
+        from agent.backends.models import adapter_base_name, adapter_kb_names
 
         for folder in (adapter, plan_adapter):
             if folder:
                 adapter_base_name(folder)  # a missing adapter fails before the base model loads
+        # the KB names the plan steps' weights were trained to write (None: not known), for `agent.route_prior: auto`
+        router = plan_adapter or adapter
+        self.trained_kb_names = adapter_kb_names(router) if router else None
         path = resolve_model(model)
         kwargs = {"gguf_file": gguf_file} if gguf_file else {}
         self.name = Path(path).name if Path(path).exists() else path

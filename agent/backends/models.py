@@ -153,6 +153,34 @@ def adapter_base_name(adapter: str | Path) -> str:
         raise ValueError(f"{cfg_file} is not valid JSON ({e}); re-save the adapter") from e
 
 
+ROUTER_CARD = "kbrouter_router.json"  # in an adapter folder: {"kb_names": [...]}, the KB names its plans were trained on
+
+
+def adapter_kb_names(adapter: str | Path) -> frozenset[str] | None:
+    """The KB display names an adapter's plan steps were trained on (its `kbrouter_router.json`, written by
+    `kbrouter train`), or None when the folder does not say (an adapter trained elsewhere)."""
+    import json
+
+    card = Path(adapter) / ROUTER_CARD
+    if not card.is_file():
+        return None
+    try:
+        names = json.loads(card.read_text(encoding="utf-8"))["kb_names"]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise ValueError(f"{card} is not {{\"kb_names\": [names]}} ({e}); fix it or delete it") from e
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"{card}: kb_names must be a list of KB display names, got {names!r}")
+    return frozenset(names)
+
+
+def write_router_card(folder: str | Path, kb_names: set[str], init_adapter: str | Path | None = None) -> None:
+    """Record the KB names an adapter's plan steps trained on (with those of the adapter it continued)."""
+    import json
+
+    names = set(kb_names) | set((adapter_kb_names(init_adapter) if init_adapter else None) or ())
+    (Path(folder) / ROUTER_CARD).write_text(json.dumps({"kb_names": sorted(names)}, indent=1) + "\n")
+
+
 def check_adapter_base(adapter: str | Path, base_path: str) -> None:
     """Raise unless `adapter` was trained on the model at `base_path` (compared by folder / hub name)."""
     trained_on = adapter_base_name(adapter)

@@ -223,3 +223,70 @@ def test_a_plan_the_policy_could_not_score_keeps_its_own_kb(kbs):
     assert len(policy.scored) == 1  # contested, so it was asked
     assert traj.steps[0].kb == "wiki" and traj.steps[0].route["kb"] == "Text Retriever"
     assert traj.steps[0].route["logprobs"] == {}
+
+
+class TrainedRouter(ScoringPolicy):
+    """A scoring policy whose adapter recorded the KB names it was trained on (`kbrouter_router.json`)."""
+
+    trained_kb_names = frozenset({"Text Retriever", "Clip Retriever"})
+
+
+def _renamed_kbs(tmp_path, names: dict[str, str]):
+    path = _kb_file(tmp_path)
+    data = yaml.safe_load(path.read_text())
+    for kb in data["knowledge_bases"]:
+        kb["display_name"] = names.get(kb["display_name"], kb["display_name"])
+    path.write_text(yaml.safe_dump(data))
+    return load_knowledge_bases(path)
+
+
+def test_auto_routes_by_content_when_a_kb_name_is_not_one_the_router_trained_on(tmp_path, kbs, caplog):
+    question = [Question("q1", "Which animals are chained next to Sinbad?"), Question("q2", "Capital of France?")]
+    known = StepAgent(TrainedRouter(_script), kbs, AgentConfig(max_steps=2, route_prior=None, constrained="off"))
+    assert known.route_prior.weight == AUTO_WEIGHT and not known.route_prior.content_only  # its own names: fused
+
+    def renamed_script(conv):  # the router writes the first listed name, as it does under names it never saw
+        return _script(conv).replace("<ret>Text Retriever</ret>", "<ret>Film Archive</ret>")
+
+    policy = TrainedRouter(renamed_script)
+    other = _renamed_kbs(tmp_path, {"Text Retriever": "Encyclopedia", "Clip Retriever": "Film Archive"})
+    with caplog.at_level("INFO", logger="agent.loop"):
+        agent = StepAgent(policy, other, AgentConfig(max_steps=2, route_prior=None, constrained="off"))
+    assert agent.route_prior.content_only and "not trained on the KB names ['Encyclopedia', 'Film Archive']" in (
+        caplog.text
+    )
+    lions, paris = agent.run_batch(question)
+    assert lions.steps[0].kb == "clips"  # the policy's own pick, and the closest content
+    assert paris.steps[0].kb == "wiki" and paris.steps[0].route["policy_kb"] == "Film Archive"  # moved by content
+    assert paris.steps[0].route["weight"] is None and paris.steps[0].route["logprobs"] == {}
+    assert policy.scored == []  # content only reads no log-probabilities
+    json.dumps(paris.to_dict(), allow_nan=False)  # the record stays plain JSON
+    # a weight the user sets is kept, and a policy that does not say what it trained on keeps auto's weight
+    fused = StepAgent(TrainedRouter(renamed_script), other, AgentConfig(route_prior=4, constrained="off"))
+    assert fused.route_prior.weight == 4
+    plain = StepAgent(ScoringPolicy(renamed_script), other, AgentConfig(route_prior=None, constrained="off"))
+    assert plain.route_prior.weight == AUTO_WEIGHT
+
+
+def test_the_router_card_records_and_reads_the_kb_names(tmp_path):
+    from agent.backends.models import ROUTER_CARD, adapter_kb_names, write_router_card
+
+    first, second = tmp_path / "sft", tmp_path / "grpo"
+    first.mkdir()
+    second.mkdir()
+    assert adapter_kb_names(first) is None  # an adapter trained elsewhere says nothing
+    write_router_card(first, {"Text Retriever", "Clip Retriever"})
+    write_router_card(second, {"Image Retriever"}, init_adapter=first)  # a continued adapter keeps what it knew
+    assert adapter_kb_names(second) == {"Text Retriever", "Clip Retriever", "Image Retriever"}
+    (second / ROUTER_CARD).write_text('{"names": []}')
+    with pytest.raises(ValueError, match=f"{ROUTER_CARD} is not"):
+        adapter_kb_names(second)
+
+
+def test_the_shipped_router_records_its_training_names():
+    from agent.backends.models import adapter_kb_names
+
+    repo = Path(__file__).resolve().parents[2]
+    names = {n for line in open(repo / "configs/kb/eval_cpu.yaml") if "display_name:" in line
+             for n in [line.split(":", 1)[1].strip()]}  # fmt: skip
+    assert adapter_kb_names(repo / "models/smollm2-kbrouter") == names  # the five eval KB names it trained under

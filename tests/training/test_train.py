@@ -147,3 +147,16 @@ def test_decision_weight_adds_the_decision_tokens_loss(smollm2_dir, short_steps_
     decision_loss = -(logp * mask[:, 1:]).sum() / n
     assert weighted > plain
     assert weighted == pytest.approx(plain + 3 * decision_loss.item(), rel=1e-3)
+
+
+def test_a_lora_run_writes_the_kb_names_its_plans_trained_on(smollm2_dir, short_steps_file, tmp_path):
+    """`kbrouter_router.json` next to the adapter: what `agent.route_prior: auto` reads to tell its names from others."""
+    from agent.backends.models import adapter_kb_names
+    from training.step_data import load_step_records
+
+    cfg = load_config("sft", CPU_SFT_RECIPE, ["--train_file", str(short_steps_file), "--train_format", "steps",
+                                               "--step_types", "null", "--max_steps", "1", "--output_dir", str(tmp_path),
+                                               "--save_strategy", "no", "--lora", "{r: 4, alpha: 8}"])  # fmt: skip
+    train(build_sft_trainer(cfg), cfg)
+    plans = [r for r in load_step_records(str(short_steps_file), "steps") if r.step_type == "plan"]
+    assert plans and adapter_kb_names(tmp_path) == {n for r in plans for n in r.kb_names}
