@@ -153,7 +153,9 @@ def adapter_base_name(adapter: str | Path) -> str:
         raise ValueError(f"{cfg_file} is not valid JSON ({e}); re-save the adapter") from e
 
 
-ROUTER_CARD = "kbrouter_router.json"  # in an adapter folder: {"kb_names": [...]}, the KB names its plans were trained on
+ROUTER_CARD = (
+    "kbrouter_router.json"  # in an adapter folder: {"kb_names": [...]}, the KB names its plans were trained on
+)
 
 
 def adapter_kb_names(adapter: str | Path) -> frozenset[str] | None:
@@ -167,7 +169,7 @@ def adapter_kb_names(adapter: str | Path) -> frozenset[str] | None:
     try:
         names = json.loads(card.read_text(encoding="utf-8"))["kb_names"]
     except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise ValueError(f"{card} is not {{\"kb_names\": [names]}} ({e}); fix it or delete it") from e
+        raise ValueError(f'{card} is not {{"kb_names": [names]}} ({e}); fix it or delete it') from e
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise ValueError(f"{card}: kb_names must be a list of KB display names, got {names!r}")
     return frozenset(names)
