@@ -153,9 +153,8 @@ def adapter_base_name(adapter: str | Path) -> str:
         raise ValueError(f"{cfg_file} is not valid JSON ({e}); re-save the adapter") from e
 
 
-ROUTER_CARD = (
-    "kbrouter_router.json"  # in an adapter folder: {"kb_names": [...]}, the KB names its plans were trained on
-)
+# in an adapter folder: {"kb_names": [...]}, the KB names its plan steps were trained on
+ROUTER_CARD = "kbrouter_router.json"
 
 
 def adapter_kb_names(adapter: str | Path) -> frozenset[str] | None:
