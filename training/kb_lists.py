@@ -31,21 +31,24 @@ def vary_kb_lists(records: list[StepRecord], share: float, min_kbs: int = 2, see
         raise ValueError(f"`kb_list_share` must be in [0, 1], got {share!r}")
     if min_kbs < 1:
         raise ValueError(f"`kb_list_min` must be >= 1, got {min_kbs!r}")
-    rng = random.Random(seed)
-    out = []
-    for r in records:
-        if r.step_type != PLAN or rng.random() >= share:
-            out.append(r)
-            continue
+
+    def subset(r: StepRecord, rng: random.Random) -> StepRecord:
         kbs = plan_kb_list(r.messages)
         gold = [kb for kb in kbs if kb[0] == r.gold.get("kb")]
         others = [kb for kb in kbs if kb[0] != r.gold.get("kb")]
         size = rng.randint(min(min_kbs, len(kbs)), len(kbs))
         chosen = gold + rng.sample(others, size - len(gold))
         rng.shuffle(chosen)
-        out.append(dataclasses.replace(r, messages=with_kb_list(r.messages, chosen),
-                                       kb_names=tuple(name for name, _ in chosen)))  # fmt: skip
-    return out
+        return dataclasses.replace(r, messages=with_kb_list(r.messages, chosen),
+                                   kb_names=tuple(name for name, _ in chosen))  # fmt: skip
+
+    return _redo_plans(records, share, seed, subset)
+
+
+def _redo_plans(records: list[StepRecord], share: float, seed: int, redo) -> list[StepRecord]:  # noqa: ANN001
+    """`redo(record, rng)` on a seeded `share` of the plan records, the rest (and every other step type) as they are."""
+    rng = random.Random(seed)
+    return [redo(r, rng) if r.step_type == PLAN and rng.random() < share else r for r in records]
 
 
 OPAQUE_NAMES = ("Collection {}", "Index {}", "KB {}", "Store {}", "Database {}")
@@ -75,12 +78,8 @@ def vary_kb_names(
     if not 0.0 <= share <= 1.0 or not 0.0 <= opaque <= 1.0:
         raise ValueError(f"`kb_name_share` and `kb_name_opaque` must be in [0, 1], got {share!r} and {opaque!r}")
     check_kb_aliases(aliases)
-    rng = random.Random(seed)
-    out = []
-    for r in records:
-        if r.step_type != PLAN or rng.random() >= share:
-            out.append(r)
-            continue
+
+    def rename(r: StepRecord, rng: random.Random) -> StepRecord:
         kbs = plan_kb_list(r.messages)
         taken = {name for name, _ in kbs}
         renamed: dict[str, str] = {}
@@ -90,11 +89,11 @@ def vary_kb_names(
             else:
                 options = aliases.get(name, [])
             options = [o for o in options if o not in taken or o == name]
-            new = rng.choice(options) if options else name
-            renamed[name] = new
-            taken.add(new)
-        out.append(renamed_kbs(r, renamed))
-    return out
+            renamed[name] = rng.choice(options) if options else name
+            taken.add(renamed[name])
+        return renamed_kbs(r, renamed)
+
+    return _redo_plans(records, share, seed, rename)
 
 
 def renamed_kbs(record: StepRecord, names: dict[str, str]) -> StepRecord:
