@@ -32,7 +32,7 @@ from agent.protocol import (
     strip_tags,
     with_format_reminder,
 )
-from agent.routing import AUTO_WEIGHT, CONTENT_ONLY, RoutePrior, normalized
+from agent.routing import AUTO_WEIGHT, CONTENT_ONLY, SIZE_PRIOR, RoutePrior, normalized
 from agent.types import Question, Step, Trajectory
 from retrievers.types import Hit, Query
 
@@ -74,7 +74,7 @@ def make_route_prior(config: AgentConfig, policy: Policy, kbs: dict[str, Knowled
                 "closest to its sub-question (set agent.route_prior to a weight to fuse its own choice back in)",
                 unknown,
             )
-            return RoutePrior(kbs, CONTENT_ONLY, config.route_prior_encoder)
+            return RoutePrior(kbs, CONTENT_ONLY, config.route_prior_encoder, config.route_prior_size)
         weight = AUTO_WEIGHT if can_score else 0.0
     if weight == 0:
         return None
@@ -85,7 +85,7 @@ def make_route_prior(config: AgentConfig, policy: Policy, kbs: dict[str, Knowled
             "vllm backend, or openai against a vLLM-compatible server (policy.grammar_field: vllm, which `kbrouter "
             "serve` is); or set agent.route_prior: 0"
         )
-    return RoutePrior(kbs, weight, config.route_prior_encoder)
+    return RoutePrior(kbs, weight, config.route_prior_encoder, config.route_prior_size)
 
 
 @dataclass(frozen=True)
@@ -140,6 +140,13 @@ class AgentConfig:
         },
     )
     route_prior_encoder: str = field(default="minilm", metadata={"help": "text encoder of the route prior"})
+    route_prior_size: float = field(
+        default=SIZE_PRIOR,
+        metadata={
+            "help": "s of the affinity's size term, s * sqrt(2 ln n) off a KB of n docs, so a big KB does not win "
+            "questions that name no content of any KB (agent/routing.py); 0 = the raw largest cosine"
+        },
+    )
     retry_temperature: float = field(
         default=0.0,
         metadata={
@@ -175,6 +182,10 @@ class AgentConfig:
             raise ValueError(f"min_steps must be in [0, max_steps={self.max_steps}], got {self.min_steps}")
         if self.route_prior is not None and (not self.route_prior >= 0 or self.route_prior == float("inf")):
             raise ValueError(f"agent.route_prior must be a finite weight >= 0 (0 = off), got {self.route_prior}")
+        if not 0 <= self.route_prior_size < float("inf"):
+            raise ValueError(
+                f"agent.route_prior_size must be a finite number >= 0 (0 = no size term), got {self.route_prior_size}"
+            )
         if self.constrained not in CONSTRAINED:
             raise ValueError(f"agent.constrained must be one of {CONSTRAINED}, got {self.constrained!r}")
 

@@ -192,11 +192,9 @@ def main() -> None:
 
         all_records = vary_kb_lists(all_records, args.vary_kb_lists, min_kbs=2, seed=123)
     if args.kb_names:
-        from agent.kbs import kb_configs
-        from training.kb_lists import renamed_kbs
+        from training.kb_lists import kb_renames, renamed_kbs
 
-        shown = {c.name: c.display_name for c in kb_configs(REPO / args.kb_from)}
-        names = {shown[c.name]: c.display_name for c in kb_configs(REPO / args.kb_names) if c.name in shown}
+        names = kb_renames(REPO / args.kb_from, REPO / args.kb_names)
         print(f"KB names: {names}", flush=True)
         all_records = [renamed_kbs(r, names) if r.step_type == "plan" else r for r in all_records]
     stages = dict(args.stages)

@@ -260,7 +260,9 @@ def agent_fingerprint_fields(agent: AgentConfig) -> dict:
     after predictions were cached; off, they leave every agent as it was, so its cached predictions stay valid)."""
     data = asdict(agent)
     if agent.route_prior == 0:
-        del data["route_prior"], data["route_prior_encoder"]
+        del data["route_prior"], data["route_prior_encoder"], data["route_prior_size"]
+    elif agent.route_prior_size == 0:  # no size term: the affinity of the predictions cached before it existed
+        del data["route_prior_size"]
     return data
 
 

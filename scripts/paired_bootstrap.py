@@ -2,9 +2,12 @@
 
     python scripts/paired_bootstrap.py outputs/eval/scoreboard_cpu agent_grpo rag_all [--metric answer/f1_recall]
     python scripts/paired_bootstrap.py outputs/eval/scoreboard_cpu agent_grpo rag_all --answer-type open
+    python scripts/paired_bootstrap.py outputs/eval/new agent_grpo_route agent_grpo_route --b-dir outputs/eval/old
 
 The arithmetic is `eval.paired` (the report's macro: datasets -> groups -> mean; questions resampled within each
-dataset); the report itself prints each method against its `plot_method`. This script pairs any two methods.
+dataset); the report itself prints each method against its `plot_method`. This script pairs any two methods, `b`
+from another output folder of the same questions with `--b-dir` (a method rerun after a change, against its predictions
+from before).
 """
 
 from __future__ import annotations
@@ -41,12 +44,21 @@ def load_scores(
 
 
 def paired(
-    out_dir: Path, a: str, b: str, metric: str, resamples: int = 2000, seed: int = 0, answer_type: str | None = None
+    out_dir: Path,
+    a: str,
+    b: str,
+    metric: str,
+    resamples: int = 2000,
+    seed: int = 0,
+    answer_type: str | None = None,
+    b_dir: Path | None = None,
 ) -> dict:
     group_of, scores = load_scores(out_dir, metric, answer_type)
-    r = paired_difference(scores.get(a, {}), scores.get(b, {}), group_of, resamples, seed)
+    b_scores = load_scores(b_dir, metric, answer_type)[1] if b_dir else scores
+    r = paired_difference(scores.get(a, {}), b_scores.get(b, {}), group_of, resamples, seed)
     if r is None:
-        raise SystemExit(f"no question scored by both {a!r} and {b!r} in {out_dir / 'predictions.jsonl'}")
+        where = f"{out_dir} and {b_dir}" if b_dir else str(out_dir / "predictions.jsonl")
+        raise SystemExit(f"no question scored by both {a!r} and {b!r} in {where}")
     return r
 
 
@@ -58,10 +70,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--metric", default="answer/f1_recall")
     ap.add_argument("--resamples", type=int, default=2000)
     ap.add_argument("--answer-type", choices=("yesno", "open"), default=None, help="only these questions")
+    ap.add_argument("--b-dir", type=Path, default=None, help="read method b from this output folder instead")
     args = ap.parse_args(argv)
-    r = paired(args.out_dir, args.a, args.b, args.metric, args.resamples, answer_type=args.answer_type)
+    r = paired(
+        args.out_dir, args.a, args.b, args.metric, args.resamples, answer_type=args.answer_type, b_dir=args.b_dir
+    )
+    b_name = f"{args.b} ({args.b_dir})" if args.b_dir else args.b
     print(
-        f"{args.a} - {args.b}: macro {args.metric} {100 * r['diff']:+.1f} x100, bootstrap s.e. "
+        f"{args.a} - {b_name}: macro {args.metric} {100 * r['diff']:+.1f} x100, bootstrap s.e. "
         f"{100 * r['se']:.1f} ({r['diff'] / r['se'] if r['se'] else float('inf'):+.2f} s.e.), {r['n']} questions"
     )
     return 0

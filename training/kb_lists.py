@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from pathlib import Path
 
 from agent.protocol import check_display_name, plan_kb_list, with_kb_list
 from agent.step_records import PLAN, StepRecord
@@ -94,6 +95,18 @@ def vary_kb_names(
         return renamed_kbs(r, renamed)
 
     return _redo_plans(records, share, seed, rename)
+
+
+def kb_renames(shown_in: str | Path, renamed_in: str | Path) -> dict[str, str]:
+    """{display name in `shown_in`: display name in `renamed_in`} for the KBs (matched by `name`) both files hold: what
+    `renamed_kbs` takes to list records rendered from one KB file under another's names."""
+    from agent.kbs import kb_configs
+
+    shown = {c.name: c.display_name for c in kb_configs(shown_in)}
+    names = {shown[c.name]: c.display_name for c in kb_configs(renamed_in) if c.name in shown}
+    if not names:
+        raise ValueError(f"{renamed_in} holds none of the KBs of {shown_in} (KBs are matched by `name`)")
+    return names
 
 
 def renamed_kbs(record: StepRecord, names: dict[str, str]) -> StepRecord:

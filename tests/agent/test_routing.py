@@ -13,7 +13,7 @@ import yaml
 
 from agent.kbs import load_knowledge_bases
 from agent.loop import AgentConfig, StepAgent
-from agent.routing import AUTO_WEIGHT, PROFILE_FILE, RoutePrior, fuse, kb_profile, normalized
+from agent.routing import AUTO_WEIGHT, PROFILE_FILE, SIZE_PRIOR, RoutePrior, fuse, kb_profile, normalized
 from agent.types import Question, Trajectory
 from tests.fakes import ScriptedPolicy, last_user_text, system_text
 
@@ -290,3 +290,58 @@ def test_the_shipped_router_records_its_training_names():
     names = {n for line in open(repo / "configs/kb/eval_cpu.yaml") if "display_name:" in line
              for n in [line.split(":", 1)[1].strip()]}  # fmt: skip
     assert adapter_kb_names(repo / "models/smollm2-kbrouter") == names  # the five eval KB names it trained under
+
+
+def test_the_size_term_is_taken_off_each_kbs_best_cosine(tmp_path):
+    small = [TEXT_DOCS[0], CLIP_DOCS[0]]
+    large = [f"Report {i}: the committee met on day {i} and approved item {i * 7 % 11}." for i in range(40)]
+    path = tmp_path / "kbs.yaml"
+    entries = []
+    for name, docs in (("small", small), ("large", large)):
+        corpus = tmp_path / f"{name}.jsonl"
+        corpus.write_text("".join(json.dumps({"id": f"{name}{i}", "contents": d}) + "\n" for i, d in enumerate(docs)))
+        entries.append({"name": name, "kind": "text", "search": "bm25", "corpus": str(corpus),
+                        "index_dir": str(tmp_path / f"idx-{name}"), "k": 2})  # fmt: skip
+    path.write_text(yaml.safe_dump({"knowledge_bases": entries}))
+    kbs = load_knowledge_bases(path)
+    raw = RoutePrior(kbs, weight=10, size_prior=0)
+    sized = RoutePrior(kbs, weight=10)
+    assert sized.size_penalty == pytest.approx({"small": SIZE_PRIOR * math.sqrt(2 * math.log(2)),
+                                                "large": SIZE_PRIOR * math.sqrt(2 * math.log(40))})  # fmt: skip
+    queries = ["What did the committee approve?", "Which city is the capital of France?"]
+    for before, after in zip(raw.affinity(queries), sized.affinity(queries), strict=True):
+        for name in kbs:
+            assert after[name] == pytest.approx(before[name] - sized.size_penalty[name], abs=1e-6)
+    with pytest.raises(ValueError, match="route_prior_size"):
+        AgentConfig(route_prior_size=-0.1)
+
+
+def test_the_size_term_stops_a_big_kb_winning_questions_that_name_no_table(tmp_path, shared_path):
+    """WikiTableQuestions questions name no table ("what is the total number of ..."): by the raw best cosine the
+    text KB, 20x larger, wins most of them; the size term sends more to the tables, and a question that names a
+    paragraph's subject still goes to the text KB."""
+    tables_src = shared_path("table", "wtq", "tables")
+    rows = [json.loads(line) for line in open(shared_path("table", "wtq", "questions.jsonl"))]
+    table_ids = sorted({r["table_id"] for r in rows})[:15]
+    tables = tmp_path / "tables"
+    tables.mkdir()
+    for t in table_ids:
+        (tables / f"{t}.csv").write_bytes((tables_src / f"{t}.csv").read_bytes())
+    with open(shared_path("text", "corpus.jsonl")) as f:
+        passages = [json.loads(line) for line, _ in zip(f, range(300), strict=False)]
+    corpus = tmp_path / "text.jsonl"
+    corpus.write_text("".join(json.dumps({"id": p["doc_id"], "title": p["title"], "contents": p["text"]}) + "\n"
+                              for p in passages))  # fmt: skip
+    path = tmp_path / "kbs.yaml"
+    path.write_text(yaml.safe_dump({"knowledge_bases": [
+        {"name": "text", "kind": "text", "search": "bm25", "corpus": str(corpus), "index_dir": str(tmp_path / "i1")},
+        {"name": "tables", "kind": "table", "search": "bm25", "corpus": str(tables), "index_dir": str(tmp_path / "i2")},
+    ]}))  # fmt: skip
+    kbs = load_knowledge_bases(path)
+    questions = [r["question"] for r in rows if r["table_id"] in table_ids][:40]
+    raw, sized = RoutePrior(kbs, weight=10, size_prior=0), RoutePrior(kbs, weight=10)
+    to_tables = [sum(a["tables"] > a["text"] for a in p.affinity(questions)) for p in (raw, sized)]
+    print("table questions routed to the tables, raw vs sized:", to_tables, "of", len(questions))
+    assert to_tables[1] > to_tables[0]
+    named = [f"What is {p['title']}?" for p in passages[:20]]
+    assert all(a["text"] > a["tables"] for a in sized.affinity(named))

@@ -84,3 +84,12 @@ def test_an_untyped_question_counts_as_open_as_in_the_report(tmp_path: Path, loa
     assert r["diff"] == -1.0 and r["n"] == 1
     with pytest.raises(SystemExit, match="no question scored by both"):
         mod.paired(out, "x", "y", "answer/f1_recall", resamples=50, answer_type="yesno")
+
+
+def test_b_can_come_from_another_output_folder(tmp_path: Path, load_script) -> None:
+    mod = load_script("scripts/paired_bootstrap.py")
+    _write(tmp_path / "new", {"x": {"a1": [1, 1], "a2": [0, 0], "b1": [1, 1]}})
+    _write(tmp_path / "old", {"x": {"a1": [0, 0], "a2": [0, 0], "b1": [1, 0]}})
+    r = mod.paired(tmp_path / "new", "x", "x", "answer/f1_recall", resamples=200, b_dir=tmp_path / "old")
+    assert r["diff"] == pytest.approx((0.5 + 0.5) / 2) and r["n"] == 6  # group a: (1 + 0) / 2, group b: 0.5
+    assert mod.paired(tmp_path / "new", "x", "x", "answer/f1_recall", resamples=50)["diff"] == 0  # without it: itself

@@ -509,3 +509,15 @@ def test_report_splits_f1_recall_by_answer_type_and_constants_earn_only_their_wo
     assert "retrieval/recall@k" not in results["per_dataset"]["toy"]["always_no"]  # it never retrieves
     report = (Path(cfg.output_dir) / "report.md").read_text()
     assert "### F1-recall by answer type" in report and "| always_yes | **100.0 (1)** | 0.0 (3) |" in report
+
+
+def test_route_prior_settings_enter_the_fingerprint_only_where_they_change_predictions() -> None:
+    from agent.loop import AgentConfig
+    from eval.config import agent_fingerprint_fields
+
+    off = agent_fingerprint_fields(AgentConfig(route_prior=0))
+    assert not {"route_prior", "route_prior_encoder", "route_prior_size"} & set(off)  # off: as before the prior
+    sized = agent_fingerprint_fields(AgentConfig(route_prior=10))
+    assert sized["route_prior"] == 10 and sized["route_prior_size"] > 0
+    raw = agent_fingerprint_fields(AgentConfig(route_prior=10, route_prior_size=0))
+    assert "route_prior_size" not in raw and raw["route_prior"] == 10  # no size term: predictions cached before it

@@ -8,7 +8,7 @@ import pytest
 
 from agent.protocol import PromptSettings, parse_plan, plan_kb_list, plan_messages, with_kb_list
 from agent.step_records import PLAN, StepRecord
-from training.kb_lists import vary_kb_lists, vary_kb_names
+from training.kb_lists import kb_renames, renamed_kbs, vary_kb_lists, vary_kb_names
 
 KBS = [
     ("Text Retriever", "Wikipedia paragraphs."),
@@ -128,3 +128,19 @@ def test_renaming_is_seeded_and_leaves_other_step_types_alone() -> None:
 def test_bad_aliases_are_named(aliases: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         vary_kb_names([_plan(0, "Text Retriever")], 1.0, aliases)
+
+
+def test_kb_renames_match_two_kb_files_by_name(tmp_path) -> None:
+    from pathlib import Path
+
+    kb = Path(__file__).resolve().parents[2] / "configs" / "kb"
+    names = kb_renames(kb / "eval_cpu.yaml", kb / "eval_cpu_renamed.yaml")
+    assert names["Text Retriever"] == "Encyclopedia Passages" and names["Clip Retriever"] == "Film Archive"
+    assert len(names) == 5 and len(set(names.values())) == 5
+    record = renamed_kbs(_plan(0, "Clip Retriever"), names)  # what benchmarks/router_stages.py --kb-names does
+    assert record.gold["kb"] == "Film Archive" and "Clip Retriever" not in record.kb_names
+    other = tmp_path / "other.yaml"
+    (tmp_path / "c.jsonl").write_text('{"id": "d1", "contents": "a doc"}\n')
+    other.write_text("knowledge_bases:\n  - {name: elsewhere, kind: text, corpus: c.jsonl}\n")
+    with pytest.raises(ValueError, match="holds none of the KBs"):
+        kb_renames(kb / "eval_cpu.yaml", other)
