@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -76,9 +77,10 @@ def main(argv: list[str] | None = None) -> int:
         args.out_dir, args.a, args.b, args.metric, args.resamples, answer_type=args.answer_type, b_dir=args.b_dir
     )
     b_name = f"{args.b} ({args.b_dir})" if args.b_dir else args.b
+    z = r["diff"] / r["se"] if r["se"] else math.copysign(math.inf, r["diff"]) if r["diff"] else 0.0  # same answers: 0
     print(
         f"{args.a} - {b_name}: macro {args.metric} {100 * r['diff']:+.1f} x100, bootstrap s.e. "
-        f"{100 * r['se']:.1f} ({r['diff'] / r['se'] if r['se'] else float('inf'):+.2f} s.e.), {r['n']} questions"
+        f"{100 * r['se']:.1f} ({z:+.2f} s.e.), {r['n']} questions"
     )
     return 0
 
