@@ -93,8 +93,9 @@ def add_common_args(ap: argparse.ArgumentParser, kb_default: str | None = None) 
         "--route-prior",
         type=float,
         help="weight of the route prior (agent/routing.py): a search goes to the KB maximising the policy's "
-        "log-prob of it + W x the KB's best text similarity with the sub-question (default: 10 where the policy "
-        "can score KB names, the transformers backend; 0 = the policy alone)",
+        "log-prob of it + W x the KB's affinity (its best text similarity with the sub-question, less a size term: "
+        "`agent.route_prior_size` in --config) (default: 10 where the policy can score KB names; by the affinity "
+        "alone where a KB's name is not one the router trained on; 0 = the policy alone)",
     )
     ap.add_argument("--temperature", type=float, help="0 = greedy (default)")
     ap.add_argument("--seed", type=int)
