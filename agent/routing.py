@@ -4,7 +4,8 @@ KB's content is to the sub-question it wrote.
 A plan step's KB is then `argmax_k log p(k | plan so far) + w * (a_k - max_j a_j)`, where `p` is the policy's
 probability of writing KB `k` inside `<ret>` (renormalised over the KBs), and `a_k` is the KB's *affinity*: the
 largest cosine between the sub-question and the KB's docs under a small text encoder (MiniLM by default), less a size
-term `s * sqrt(2 ln n)` for a KB of n docs. With w = 0 the policy routes alone. The policy still decides whether to search at all; only the KB of a search moves.
+term `s * sqrt(2 ln n)` for a KB of n docs. With w = 0 the policy routes alone. The policy still decides whether to
+search at all; only the KB of a search moves.
 
 Why: a 135M router routes by the words of the question, and a question with no cue of its KB ("Which animals are
 chained on both sides of Sinbad?") goes to the text KB, while the clip KB holds a shot note naming the lions. The
@@ -16,11 +17,12 @@ has none, and a plan that picks it stands; otherwise the choice is among the KBs
 (a KB's *profile*) are computed once and cached in the KB's index folder, keyed by the encoder and the docs.
 
 Why the size term: the largest of n cosines grows with n even for unrelated text (the expected largest of n normal
-draws is about `mean + sd * sqrt(2 ln n)`), so a big KB wins questions that name no content of any KB. WikiTableQuestions
-questions ("who was champion the least?") name no table: by the raw largest cosine the 210-table WTQ KB lost 44 of the
-validation part's 60 to the 1,000-table TabFact KB and the 7,760-passage text KB. With s = 0.08 (about the spread of
-one question's cosines over a KB) content-only routing put 196 of the validation part's 240 first searches in the gold
-KB instead of 169; s from 0.08 to 0.12 scored alike there, and 0.08 moved the fewest text questions (stop 41).
+draws is about `mean + sd * sqrt(2 ln n)`), so a big KB wins questions that name no content of any KB.
+WikiTableQuestions questions ("who was champion the least?") name no table: by the raw largest cosine the 210-table WTQ
+KB lost 44 of the validation part's 60 to the 1,000-table TabFact KB and the 7,760-passage text KB. With s = 0.08
+(about the spread of one question's cosines over a KB) content-only routing put 196 of the validation part's 240 first
+searches in the gold KB instead of 169; s from 0.08 to 0.12 scored alike there, and 0.08 moved the fewest text
+questions (docs/stop41/).
 
 A router's log-probabilities only know the KB names it was trained under. Listed under other names ("Encyclopedia
 Passages", "Source A") the shipped router sent 2 % of the scoreboard's text searches to the text KB, and the fused
