@@ -131,16 +131,22 @@ def test_bad_aliases_are_named(aliases: dict, match: str) -> None:
 
 
 def test_kb_renames_match_two_kb_files_by_name(tmp_path) -> None:
-    from pathlib import Path
+    (tmp_path / "c.jsonl").write_text('{"id": "d1", "contents": "a doc"}\n')
 
-    kb = Path(__file__).resolve().parents[2] / "configs" / "kb"
-    names = kb_renames(kb / "eval_cpu.yaml", kb / "eval_cpu_renamed.yaml")
-    assert names["Text Retriever"] == "Encyclopedia Passages" and names["Clip Retriever"] == "Film Archive"
-    assert len(names) == 5 and len(set(names.values())) == 5
+    def kb_file(name: str, kbs: list[tuple[str, str]]):
+        path = tmp_path / name
+        path.write_text("knowledge_bases:\n" + "".join(
+            f"  - {{name: {n}, display_name: {d}, kind: text, corpus: c.jsonl}}\n" for n, d in kbs))  # fmt: skip
+        return path
+
+    shown = kb_file(
+        "shown.yaml", [("wiki", "Text Retriever"), ("clips", "Clip Retriever"), ("coco", "Image Retriever")]
+    )
+    renamed = kb_file("renamed.yaml", [("clips", "Film Archive"), ("wiki", "Encyclopedia Passages"), ("new", "Other")])
+    names = kb_renames(shown, renamed)
+    assert names == {"Text Retriever": "Encyclopedia Passages", "Clip Retriever": "Film Archive"}  # by `name`
     record = renamed_kbs(_plan(0, "Clip Retriever"), names)  # what benchmarks/router_stages.py --kb-names does
     assert record.gold["kb"] == "Film Archive" and "Clip Retriever" not in record.kb_names
-    other = tmp_path / "other.yaml"
-    (tmp_path / "c.jsonl").write_text('{"id": "d1", "contents": "a doc"}\n')
-    other.write_text("knowledge_bases:\n  - {name: elsewhere, kind: text, corpus: c.jsonl}\n")
+    assert "Image Retriever" in record.kb_names  # a KB the other file lacks keeps its name
     with pytest.raises(ValueError, match="holds none of the KBs"):
-        kb_renames(kb / "eval_cpu.yaml", other)
+        kb_renames(shown, kb_file("other.yaml", [("elsewhere", "Elsewhere")]))
