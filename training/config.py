@@ -169,11 +169,9 @@ class StepDataArgs:
         for name, cap in (self.max_per_dataset or {}).items():
             if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
                 raise ValueError(f"`max_per_dataset.{name}` must be a count >= 0, got {cap!r}; e.g. 30")
-        if isinstance(self.kb_list_share, bool) or not 0.0 <= self.kb_list_share <= 1.0:
-            raise ValueError(f"`kb_list_share` must be a share in [0, 1], got {self.kb_list_share!r}; e.g. 0.6")
         if isinstance(self.kb_list_min, bool) or self.kb_list_min < 1:
             raise ValueError(f"`kb_list_min` must be >= 1, got {self.kb_list_min!r}")
-        for key in ("kb_name_share", "kb_name_opaque"):
+        for key in ("kb_list_share", "kb_name_share", "kb_name_opaque"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
                 raise ValueError(f"`{key}` must be a share in [0, 1], got {value!r}; e.g. 0.5")
