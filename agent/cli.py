@@ -81,14 +81,22 @@ def add_common_args(ap: argparse.ArgumentParser, kb_default: str | None = None) 
     )
     ap.add_argument("--adapter", help="a peft (LoRA) adapter folder to load onto --model (transformers backend)")
     ap.add_argument("--base-url", help="openai backend: server URL, e.g. http://127.0.0.1:8000/v1")
-    ap.add_argument("--max-steps", type=int, help="retrieval steps before the final answer (default 3)")
+    ap.add_argument(
+        "--max-steps",
+        type=int,
+        help="retrieval steps before the final answer (default 3; the shipped router: 2, from its kbrouter_router.json)",
+    )
     ap.add_argument(
         "--min-steps",
         type=int,
         help="searches before the agent may stop (default 1: the shipped router otherwise stops at once "
         "on KB sets it was not trained on; 0 lets it answer without retrieval)",
     )
-    ap.add_argument("--top-k", type=int, help="hits per retrieval (default 5)")
+    ap.add_argument(
+        "--top-k",
+        type=int,
+        help="hits per retrieval (default 5; the shipped router: 3, from its kbrouter_router.json)",
+    )
     ap.add_argument(
         "--route-prior",
         type=float,
@@ -156,6 +164,9 @@ def resolve_configs(args: argparse.Namespace) -> tuple[PolicyConfig, AgentConfig
             agent[key] = getattr(args, key)
     if pol.get("backend", "transformers") == "transformers" and not pol.get("model") and not pol.get("adapter"):
         pol["model"] = DEFAULT_MODEL  # the shipped router; `--model smollm2` is the base model
+    # what the router's figures were measured with (its kbrouter_router.json), where the user sets none
+    for key, value in router_agent_settings(pol).items():
+        agent.setdefault(key, value)
     agent.setdefault("route_prior", None)  # auto: on where the policy can score KB names (agent/routing.py)
     # the shipped router otherwise stops at once on KB sets it was not trained on (the demo's two)
     agent.setdefault("min_steps", min(1, agent.get("max_steps", AgentConfig.max_steps)))
@@ -163,6 +174,20 @@ def resolve_configs(args: argparse.Namespace) -> tuple[PolicyConfig, AgentConfig
     if not kb:
         raise ValueError("no knowledge bases given: pass --kb configs/kb/NAME.yaml (or `kb:` in --config)")
     return PolicyConfig(**pol), AgentConfig(**agent), kb
+
+
+def router_agent_settings(pol: dict) -> dict:
+    """The agent settings that the policy's adapter folder records (`"agent"` in its `kbrouter_router.json`: the
+    shipped router's are those of its scoreboard row), checked against `AgentConfig`; {} for a policy without one."""
+    from agent.backends.models import adapter_agent_settings, resolve_policy_model
+    from retrievers.config_file import check_keys
+
+    _, adapter = resolve_policy_model(str(pol.get("model") or ""), pol.get("adapter"))
+    if not adapter or not Path(adapter).is_dir():
+        return {}
+    settings = adapter_agent_settings(adapter)
+    check_keys(AgentConfig, settings, f"{Path(adapter) / 'kbrouter_router.json'}: agent")
+    return settings
 
 
 def check_images_readable(pol_cfg: PolicyConfig, questions: list, allow_text_only: bool) -> None:

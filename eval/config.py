@@ -27,6 +27,7 @@ import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from agent.backends.models import ROUTER_CARD
 from agent.loop import AgentConfig
 from eval.datasets import SPEC_KEYS, DatasetSpec
 from retrievers.config_file import read_config, resolve_path
@@ -295,17 +296,34 @@ def _check_agent_keys(overrides: dict, where: str) -> None:
 CONTENT_HASH_BYTES = 256 * 2**20  # files up to this size are hashed by content; larger shards by size and mtime
 
 
+def _router_card_for_eval(card: Path) -> bytes | None:
+    """A router card's bytes as a fingerprint reads them: without its `agent` section; None when it has none (the
+    file's bytes count as they are, so cards written before the section existed keep their fingerprints)."""
+    try:
+        data = json.loads(card.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or "agent" not in data:
+        return None
+    data.pop("agent")
+    return (json.dumps(data, indent=1) + "\n").encode()
+
+
 def _files_stamp(path: Path) -> str:
     """Hash of the files at `path` (a file or a folder): their names and contents.
 
     Contents, not modification times: a `git checkout` or a copy puts the same adapter back with a new mtime, and that
     used to send 9-minute scoreboard methods back to be recomputed. Files over `CONTENT_HASH_BYTES` (a large model's
     weight shards) count by size and mtime, so a fingerprint never reads gigabytes. A folder's Markdown files are
-    left out: editing a model card changes no prediction.
+    left out: editing a model card changes no prediction. So is the `agent` section of a router card
+    (`kbrouter_router.json`): what demo/ask/run default to, which eval, with its own agent settings, never reads.
     """
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file() and p.suffix != ".md")
     h = hashlib.sha256()
     for p in files:
+        if p.name == ROUTER_CARD and (card := _router_card_for_eval(p)) is not None:
+            h.update(f"{p.relative_to(path) if p != path else p.name}\0{len(card)}\0".encode() + card)
+            continue
         st = p.stat()
         h.update(f"{p.relative_to(path) if p != path else p.name}\0{st.st_size}\0".encode())
         if st.st_size > CONTENT_HASH_BYTES:

@@ -153,25 +153,52 @@ def adapter_base_name(adapter: str | Path) -> str:
         raise ValueError(f"{cfg_file} is not valid JSON ({e}); re-save the adapter") from e
 
 
-# in an adapter folder: {"kb_names": [...]}, the KB names its plan steps were trained on
+# in an adapter folder: {"kb_names": [...], "agent": {...}}: the KB names its plan steps were trained on, and
+# (optional) the agent settings its model card's figures were measured with, which demo/ask/run/serve-agent default to
 ROUTER_CARD = "kbrouter_router.json"
 
 
-def adapter_kb_names(adapter: str | Path) -> frozenset[str] | None:
-    """The KB display names an adapter's plan steps were trained on (its `kbrouter_router.json`, written by
-    `kbrouter train`), or None when the folder does not say (an adapter trained elsewhere)."""
+def _router_card(adapter: str | Path) -> dict | None:
     import json
 
     card = Path(adapter) / ROUTER_CARD
     if not card.is_file():
         return None
     try:
-        names = json.loads(card.read_text(encoding="utf-8"))["kb_names"]
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise ValueError(f'{card} is not {{"kb_names": [names]}} ({e}); fix it or delete it') from e
+        data = json.loads(card.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{card} is not JSON ({e}); fix it or delete it") from e
+    if not isinstance(data, dict):
+        raise ValueError(f'{card} must hold a JSON object {{"kb_names": [...]}}, got {type(data).__name__}')
+    return data
+
+
+def adapter_kb_names(adapter: str | Path) -> frozenset[str] | None:
+    """The KB display names an adapter's plan steps were trained on (its `kbrouter_router.json`, written by
+    `kbrouter train`), or None when the folder does not say (an adapter trained elsewhere)."""
+    card = _router_card(adapter)
+    if card is None:
+        return None
+    names = card.get("kb_names")
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-        raise ValueError(f"{card}: kb_names must be a list of KB display names, got {names!r}")
+        raise ValueError(
+            f"{Path(adapter) / ROUTER_CARD}: kb_names must be a list of KB display names, got {names!r}; fix it or "
+            "delete the file"
+        )
     return frozenset(names)
+
+
+def adapter_agent_settings(adapter: str | Path | None) -> dict:
+    """The agent settings an adapter's figures were measured with (`"agent"` in its `kbrouter_router.json`), which
+    `kbrouter demo | ask | run | serve-agent` use where the user sets none; {} when the folder names none."""
+    card = _router_card(adapter) if adapter else None
+    settings = (card or {}).get("agent", {})
+    if not isinstance(settings, dict):
+        raise ValueError(
+            f'{Path(str(adapter)) / ROUTER_CARD}: `agent` must map agent settings to values (e.g. {{"top_k": 3}}), '
+            f"got {settings!r}"
+        )
+    return dict(settings)
 
 
 def write_router_card(folder: str | Path, kb_names: set[str], init_adapter: str | Path | None = None) -> None:

@@ -41,6 +41,62 @@ def test_shipped_adapter_is_small_safetensors_on_smollm2():
     assert (ROUTER_ADAPTER / "README.md").is_file(), "the adapter has its model card"
 
 
+def _cli_args(*flags: str):
+    import argparse
+
+    from agent.cli import add_common_args
+
+    ap = argparse.ArgumentParser()
+    add_common_args(ap, kb_default="configs/kb/demo.yaml")
+    args, args.overrides = ap.parse_known_args(list(flags))
+    return args
+
+
+def test_the_cli_runs_an_adapter_with_the_settings_its_card_records(tmp_path):
+    """demo/ask/run/serve-agent default to the agent settings in the adapter's kbrouter_router.json (the shipped
+    router's: those of its scoreboard row); a flag or `--agent.KEY` still wins, and a policy without them keeps
+    AgentConfig's."""
+    from agent.backends.models import ROUTER_CARD, adapter_agent_settings
+    from agent.cli import resolve_configs
+    from agent.loop import AgentConfig
+
+    shipped = adapter_agent_settings(ROUTER_ADAPTER)
+    assert shipped, "the shipped router's card records the settings its figures were measured with"
+    _, agent, _ = resolve_configs(_cli_args())  # the default model is the shipped router
+    assert {k: getattr(agent, k) for k in shipped} == shipped
+    assert any(getattr(AgentConfig(), k) != v for k, v in shipped.items())  # so the card, not a default, set them
+    _, agent, _ = resolve_configs(_cli_args("--top-k", "7", "--agent.evidence_chars", "900"))
+    assert (agent.top_k, agent.evidence_chars) == (7, 900)
+    _, agent, _ = resolve_configs(_cli_args("--model", "smollm2"))  # the base model: no card
+    assert (agent.top_k, agent.evidence_chars) == (AgentConfig().top_k, AgentConfig().evidence_chars)
+
+    own = tmp_path / "adapter"
+    own.mkdir()
+    (own / ROUTER_CARD).write_text(json.dumps({"kb_names": ["Text Retriever"], "agent": {"top_k": 2}}))
+    _, agent, _ = resolve_configs(_cli_args("--model", "smollm2", "--adapter", str(own)))
+    assert agent.top_k == 2
+    (own / ROUTER_CARD).write_text(json.dumps({"kb_names": [], "agent": {"top_kk": 2}}))
+    with pytest.raises(ValueError, match=rf"unknown key 'top_kk' in {own / ROUTER_CARD}: agent; did you mean"):
+        resolve_configs(_cli_args("--model", "smollm2", "--adapter", str(own)))
+    (own / ROUTER_CARD).write_text(json.dumps({"kb_names": [], "agent": [2]}))
+    with pytest.raises(ValueError, match="`agent` must map agent settings to values"):
+        resolve_configs(_cli_args("--model", "smollm2", "--adapter", str(own)))
+
+
+def test_the_shipped_settings_are_those_of_the_scoreboard_row():
+    """The README's default-agent figures are the scoreboard's `agent_grpo_route` row: the settings the shipped
+    card gives demo/ask/run must be that row's, or the figures describe another agent."""
+    from agent.backends.models import adapter_agent_settings
+    from eval.config import load_eval_config
+
+    row = load_eval_config(ROUTER_ADAPTER.parents[1] / "configs" / "eval" / "scoreboard_cpu.yaml").agent_config(
+        "agent_grpo_route"
+    )
+    shipped = adapter_agent_settings(ROUTER_ADAPTER)
+    assert {k: getattr(row, k) for k in shipped} == shipped
+    assert (row.few_shot, row.constrained, row.min_steps) == (False, "on", 1)  # demo/ask/run: off, auto (on), 1
+
+
 def test_adapter_loads_merged_and_changes_the_model(tiny_adapter, smollm2_dir):
     from agent.backends.base import SamplingParams
     from agent.backends.hf import TransformersPolicy

@@ -160,6 +160,26 @@ def test_a_local_checkpoint_retrained_in_place_changes_the_fingerprint(tmp_path:
     assert cfg.fingerprint("sft") != before
 
 
+def test_a_router_cards_agent_section_is_not_in_the_fingerprint(tmp_path: Path, questions_file: Path) -> None:
+    """The card's `agent` settings are what demo/ask/run default to; eval runs its own, so they change no prediction.
+    The KB names it trained on do (the route prior reads them)."""
+    import json
+
+    from agent.backends.models import ROUTER_CARD, write_router_card
+
+    adapter = tmp_path / "router"
+    adapter.mkdir()
+    (adapter / "adapter_model.safetensors").write_bytes(b"v1")
+    write_router_card(adapter, {"Text Retriever"})
+    cfg = load_eval_config(_variants_yaml(tmp_path, questions_file, {"r": {"policy": {"model": str(adapter)}}}))
+    before = cfg.fingerprint("r")
+    card = adapter / ROUTER_CARD
+    card.write_text(json.dumps({**json.loads(card.read_text()), "agent": {"top_k": 3}}, indent=1) + "\n")
+    assert cfg.fingerprint("r") == before
+    write_router_card(adapter, {"Text Retriever", "Clip Retriever"})
+    assert cfg.fingerprint("r") != before
+
+
 def test_a_large_weight_shard_counts_by_size_and_mtime(tmp_path: Path, questions_file: Path, monkeypatch) -> None:
     import eval.config
 
