@@ -179,14 +179,14 @@ def resolve_configs(args: argparse.Namespace) -> tuple[PolicyConfig, AgentConfig
 def router_agent_settings(pol: dict) -> dict:
     """The agent settings that the policy's adapter folder records (`"agent"` in its `kbrouter_router.json`: the
     shipped router's are those of its scoreboard row), checked against `AgentConfig`; {} for a policy without one."""
-    from agent.backends.models import adapter_agent_settings, resolve_policy_model
+    from agent.backends.models import ROUTER_CARD, adapter_agent_settings, resolve_policy_model
     from retrievers.config_file import check_keys
 
     _, adapter = resolve_policy_model(str(pol.get("model") or ""), pol.get("adapter"))
     if not adapter or not Path(adapter).is_dir():
         return {}
     settings = adapter_agent_settings(adapter)
-    check_keys(AgentConfig, settings, f"{Path(adapter) / 'kbrouter_router.json'}: agent")
+    check_keys(AgentConfig, settings, f"{Path(adapter) / ROUTER_CARD}: agent")
     return settings
 
 
