@@ -60,9 +60,6 @@ def use_constrained(mode: str, policy: Policy) -> bool:
     return False
 
 
-_CONTENT_ONLY_LOGGED: set[tuple[str, ...]] = set()
-
-
 def make_route_prior(config: AgentConfig, policy: Policy, kbs: dict[str, KnowledgeBase]) -> RoutePrior | None:
     """The agent's route prior, or None when `agent.route_prior` is 0 (or auto with a policy that cannot score KB
     names); a weight > 0 with such a policy fails here."""
@@ -72,9 +69,7 @@ def make_route_prior(config: AgentConfig, policy: Policy, kbs: dict[str, Knowled
         trained = getattr(policy, "trained_kb_names", None)
         unknown = sorted(set(kbs) - trained) if trained is not None else []
         if unknown:  # its log-probs know other names: route by content (agent/routing.py, docs/stop40/)
-            log = logger.info if tuple(unknown) not in _CONTENT_ONLY_LOGGED else logger.debug
-            _CONTENT_ONLY_LOGGED.add(tuple(unknown))  # once per KB set: eval builds an agent per batch
-            log(
+            logger.info(
                 "route prior: the router was not trained on the KB names %s; each search goes to the KB whose docs are "
                 "closest to its sub-question (set agent.route_prior to a weight to fuse its own choice back in)",
                 unknown,

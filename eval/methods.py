@@ -21,6 +21,7 @@ same way: a retrieval is a `Step` (its `kb` is the KB name, or `all` for a searc
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import random
@@ -58,6 +59,12 @@ class MethodContext:
     agent: AgentConfig = field(default_factory=AgentConfig)
     seed: int = 0
     k_per_kb: int = 2  # hits per KB for the methods that search every KB (rag_all, ircot, iter_retgen)
+
+    @functools.cached_property
+    def step_agent(self) -> StepAgent:
+        """The step agent of this context, built once: its grammars and route prior (encoder, KB profiles) then load
+        once per method, not once per lockstep batch."""
+        return StepAgent(self.policy, self.kbs, self.agent)
 
     def grammar(self, step: str) -> StepGrammar | None:
         """The grammar a baseline decodes `step` in ("route": the router's KB choice; "answer" / "final": an answer
@@ -440,7 +447,7 @@ def _agent_trajectories(agent: StepAgent, questions: Sequence[Question]) -> list
 
 def step_agent(questions: Sequence[Question], ctx: MethodContext) -> list[Trajectory]:
     """The step-wise agent (`agent.loop.StepAgent`) with the context's policy."""
-    return _agent_trajectories(StepAgent(ctx.policy, ctx.kbs, ctx.agent), questions)
+    return _agent_trajectories(ctx.step_agent, questions)
 
 
 class RandomRoutePolicy:

@@ -240,7 +240,7 @@ def _renamed_kbs(tmp_path, names: dict[str, str]):
     return load_knowledge_bases(path)
 
 
-def test_auto_routes_by_content_when_a_kb_name_is_not_one_the_router_trained_on(tmp_path, kbs, caplog, monkeypatch):
+def test_auto_routes_by_content_when_a_kb_name_is_not_one_the_router_trained_on(tmp_path, kbs, caplog):
     question = [Question("q1", "Which animals are chained next to Sinbad?"), Question("q2", "Capital of France?")]
     known = StepAgent(TrainedRouter(_script), kbs, AgentConfig(max_steps=2, route_prior=None, constrained="off"))
     assert known.route_prior.weight == AUTO_WEIGHT and not known.route_prior.content_only  # its own names: fused
@@ -250,13 +250,11 @@ def test_auto_routes_by_content_when_a_kb_name_is_not_one_the_router_trained_on(
 
     policy = TrainedRouter(renamed_script)
     other = _renamed_kbs(tmp_path, {"Text Retriever": "Encyclopedia", "Clip Retriever": "Film Archive"})
-    monkeypatch.setattr("agent.loop._CONTENT_ONLY_LOGGED", set())  # another test may have logged these names
     with caplog.at_level("INFO", logger="agent.loop"):
         agent = StepAgent(policy, other, AgentConfig(max_steps=2, route_prior=None, constrained="off"))
-        again = StepAgent(policy, other, AgentConfig(max_steps=2, route_prior=None, constrained="off"))
-    assert agent.route_prior.content_only and again.route_prior.content_only
-    # said once per KB set, not once per agent (eval builds one per batch)
-    assert caplog.text.count("not trained on the KB names ['Encyclopedia', 'Film Archive']") == 1
+    assert agent.route_prior.content_only and "not trained on the KB names ['Encyclopedia', 'Film Archive']" in (
+        caplog.text
+    )
     lions, paris = agent.run_batch(question)
     assert lions.steps[0].kb == "clips"  # the policy's own pick, and the closest content
     assert paris.steps[0].kb == "wiki" and paris.steps[0].route["policy_kb"] == "Film Archive"  # moved by content

@@ -63,6 +63,29 @@ def test_methods_batch_generation_in_lockstep(fake_kbs) -> None:
     assert calls[0] == len(QS) and len(calls) == 4  # plan, answer, plan (all stop), final
 
 
+def test_the_agent_method_builds_its_agent_once_per_context(fake_kbs, monkeypatch) -> None:
+    """The runner calls a method once per lockstep batch with one context per method: the step agent (its grammars,
+    its route prior's encoder and KB profiles) is built on the first batch and reused."""
+    import agent.loop
+
+    built = []
+    real_init = agent.loop.StepAgent.__init__
+
+    def counting_init(self, *args, **kwargs):
+        built.append(1)
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(agent.loop.StepAgent, "__init__", counting_init)
+    ctx = MethodContext(FakePolicy(), fake_kbs, AgentConfig(max_steps=2, max_retries=0))
+    method = available_methods(["wiki"])["agent"]
+    first, second = method(QS[:1], ctx), method(QS[1:], ctx)
+    assert len(first) == 1 and len(second) == len(QS) - 1
+    assert len(built) == 1
+    other = MethodContext(FakePolicy(), fake_kbs, AgentConfig(max_steps=1, max_retries=0))
+    method(QS[:1], other)  # another method's context (other settings) gets its own agent
+    assert len(built) == 2 and other.step_agent.config.max_steps == 1
+
+
 def test_random_routing_is_seeded_and_keeps_none(fake_kbs) -> None:
     names = list(fake_kbs)
     wrapped = RandomRoutePolicy(FakePolicy(), names, seed=3)
