@@ -22,6 +22,7 @@ from agent.protocol import (
     add_evidence_images,
     answer_grammar,
     answer_messages,
+    check_focus_mode,
     final_messages,
     parse_answer,
     parse_plan,
@@ -126,6 +127,13 @@ class AgentConfig:
         metadata={"help": "show a worked example before each step (untrained policies)"},
     )
     evidence_chars: int = field(default=DEFAULT_PROMPT.evidence_chars, metadata={"help": "longest evidence per hit"})
+    evidence_focus: str = field(
+        default=DEFAULT_PROMPT.evidence_focus,
+        metadata={
+            "help": "which hits longer than evidence_chars show their rows or sentences nearest the sub-question "
+            "(agent/protocol/evidence.py) rather than their head: head (none) | tables | all"
+        },
+    )
     evidence_images: int = field(
         default=0,
         metadata={"help": "images/frames behind the hits shown to a VL policy in the answer step (0 = none)"},
@@ -158,6 +166,7 @@ class AgentConfig:
     def __post_init__(self) -> None:
         from retrievers.config import check_field_types
 
+        check_focus_mode(self.evidence_focus, "agent.evidence_focus")  # first: YAML reads `on` as true, not a mode
         check_field_types(self, "agent.")
         for key in ("plan_tokens", "answer_tokens", "final_tokens", "evidence_chars"):
             if getattr(self, key) < 1:
@@ -191,7 +200,9 @@ class AgentConfig:
 
     @property
     def prompt_settings(self) -> PromptSettings:
-        return PromptSettings(few_shot=self.few_shot, evidence_chars=self.evidence_chars)
+        return PromptSettings(
+            few_shot=self.few_shot, evidence_chars=self.evidence_chars, evidence_focus=self.evidence_focus
+        )
 
     def sampling(
         self,

@@ -167,6 +167,10 @@ class SynthConfig:
     constrained: str = field(default="off", metadata={"help": "decode inside the step grammar: on | off | auto"})
     min_steps: int = field(default=0, metadata={"help": "searches before the teacher may stop"})
     evidence_chars: int = field(default=DEFAULT_PROMPT.evidence_chars, metadata={"help": "longest evidence per hit"})
+    evidence_focus: str = field(
+        default=DEFAULT_PROMPT.evidence_focus,
+        metadata={"help": "which longer hits show their parts nearest the sub-question: head | tables | all"},
+    )
     seed: int = field(default=0, metadata={"help": "base seed; each batch's seed derives from it and its first id"})
     questions_per_batch: int = field(default=8, metadata={"help": "questions per lockstep batch (x m trajectories)"})
     output_dir: str = field(default="runs/synth", metadata={"help": "output folder (shards go under shards/)"})
@@ -239,14 +243,14 @@ class SynthConfig:
             plan_tokens=self.plan_tokens, answer_tokens=self.answer_tokens, final_tokens=self.final_tokens,
             temperature=self.temperature, top_p=self.top_p, top_k_sampling=self.top_k, seed=seed,
             require_think=self.require_think, few_shot=self.few_shot, constrained=self.constrained,
-            min_steps=self.min_steps, evidence_chars=self.evidence_chars,
+            min_steps=self.min_steps, evidence_chars=self.evidence_chars, evidence_focus=self.evidence_focus,
         )  # fmt: skip
 
     @property
     def step_prompt(self) -> PromptSettings:
         """How step records render their prompts: no worked example (the trained router's inference prompts),
-        whatever the teacher was shown, and the evidence length the teacher read."""
-        return PromptSettings(few_shot=False, evidence_chars=self.evidence_chars)
+        whatever the teacher was shown, and the evidence as the teacher read it."""
+        return PromptSettings(few_shot=False, evidence_chars=self.evidence_chars, evidence_focus=self.evidence_focus)
 
     def result_hash(self) -> str:
         """Hash of every setting that changes which records a batch produces (not shard, output or logging)."""
@@ -262,7 +266,9 @@ class SynthConfig:
         return dataclasses.asdict(self)
 
 
-NEW_AT_DEFAULT = {"constrained": "off", "min_steps": 0, "evidence_chars": DEFAULT_PROMPT.evidence_chars}
+NEW_AT_DEFAULT = {
+    "constrained": "off", "min_steps": 0, "evidence_chars": DEFAULT_PROMPT.evidence_chars, "evidence_focus": DEFAULT_PROMPT.evidence_focus,
+}  # fmt: skip
 PATH_KEYS = ("inputs.*.path", "inputs.*.image_root", "inputs.*.exclude_split", "kb_config")  # YAML-relative
 
 

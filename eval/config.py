@@ -116,7 +116,10 @@ class EvalConfig:
         for name, variant in self.variants().items():
             where = f"checkpoints.{name}" if name in self.checkpoints else f"agent_variants.{name}"
             if reserved_method_name(name):
-                raise ValueError(f"{where}: {name!r} is a built-in method name; call the variant e.g. {name}_v2")
+                why = " (rag_* names are the single-KB methods, rag_<kb>)" if name.startswith("rag_") else ""
+                raise ValueError(
+                    f"{where}: {name!r} is a built-in method name{why}; call the variant e.g. {_free_name(name)}"
+                )
             if not isinstance(variant, dict):
                 raise ValueError(f"{where}: expected a mapping {{policy: {{...}}, agent: {{...}}}}, got {variant!r}")
             unknown = sorted(set(variant) - set(VARIANT_KEYS))
@@ -256,10 +259,18 @@ class EvalConfig:
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def _free_name(name: str) -> str:
+    """A variant name like `name` that no built-in method takes (`rag_all` -> `all_v2`, `router` -> `router_v2`)."""
+    return f"{name.removeprefix('rag_')}_v2"
+
+
 def agent_fingerprint_fields(agent: AgentConfig) -> dict:
-    """The loop settings a fingerprint covers: all of them, less the route prior's while it is off (settings added
-    after predictions were cached; off, they leave every agent as it was, so its cached predictions stay valid)."""
+    """The loop settings a fingerprint covers: all of them, less the route prior's while it is off and evidence focus
+    while it is off (settings added after predictions were cached; off, they leave every agent as it was, so its
+    cached predictions stay valid)."""
     data = asdict(agent)
+    if agent.evidence_focus == "head":
+        del data["evidence_focus"]
     if agent.route_prior == 0:
         del data["route_prior"], data["route_prior_encoder"], data["route_prior_size"]
     elif agent.route_prior_size == 0:  # no size term: the affinity of the predictions cached before it existed

@@ -347,7 +347,7 @@ def ircot(questions: Sequence[Question], ctx: MethodContext) -> list[Trajectory]
                 {"role": "system", "content": IRCOT_SYSTEM},
                 {
                     "role": "user",
-                    "content": f"Evidence:\n{render_hits(hits[i], ctx.agent.evidence_chars)}\n\n"
+                    "content": f"Evidence:\n{render_hits(hits[i], ctx.agent.evidence_chars, questions[i].question, ctx.agent.evidence_focus)}\n\n"
                     f"Question: {questions[i].question}"
                     f"\nReasoning so far: {' '.join(cot[i]) or '(none)'}\nNext sentence:",
                 },

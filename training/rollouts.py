@@ -34,6 +34,7 @@ from agent.kbs import KnowledgeBase
 from agent.protocol import (
     PromptSettings,
     answer_messages,
+    check_focus_mode,
     final_messages,
     parse_answer,
     parse_plan,
@@ -65,6 +66,7 @@ class OnlineSettings:
     )
     few_shot: bool = False
     evidence_chars: int = 300
+    evidence_focus: str = "head"  # which longer hits show their parts nearest the sub-question (agent.evidence_focus)
     require_think: bool = True
     collapse_window: int = field(default=5, metadata={"help": "warn when the signs below last this many steps"})
     collapse_zero_std: float = field(default=0.9, metadata={"help": "share of zero-std sibling groups that warns"})
@@ -89,6 +91,7 @@ class OnlineSettings:
             raise ValueError(
                 f"online_rollout.lookahead must be >= 0 or null (continue to the end), got {self.lookahead}"
             )
+        check_focus_mode(self.evidence_focus, "online_rollout.evidence_focus")
         if self.collapse_window < 1:
             raise ValueError(f"online_rollout.collapse_window must be >= 1, got {self.collapse_window}")
 
@@ -103,7 +106,9 @@ class OnlineSettings:
 
     @property
     def prompt_settings(self) -> PromptSettings:
-        return PromptSettings(few_shot=self.few_shot, evidence_chars=self.evidence_chars)
+        return PromptSettings(
+            few_shot=self.few_shot, evidence_chars=self.evidence_chars, evidence_focus=self.evidence_focus
+        )
 
     @property
     def levels(self) -> int:

@@ -1,6 +1,7 @@
 """The step format, owned in one place: the prompts (`prompts`), the tags (`tags`: write and parse) and the grammars
 that constrain decoding to them (`grammar`), all generated from the configured KB set."""
 
+from agent.protocol.evidence import FOCUS_MODES, check_focus_mode
 from agent.protocol.grammar import (
     STOP_PLAN,
     StepGrammar,
@@ -51,9 +52,9 @@ from agent.protocol.tags import (
 )
 
 __all__ = [
-    "ANSWER", "AnswerParse", "DEFAULT_PROMPT", "FINAL_SYSTEM", "FORMAT_ERRORS", "NONE_WORDS", "PLAN_SYSTEM",
+    "ANSWER", "AnswerParse", "DEFAULT_PROMPT", "FINAL_SYSTEM", "FOCUS_MODES", "FORMAT_ERRORS", "NONE_WORDS", "PLAN_SYSTEM",
     "PlanParse", "PromptSettings", "RET", "STOP_PLAN", "SUB_QUESTION", "StepGrammar", "THINK",
-    "add_evidence_images", "answer_grammar", "answer_messages", "check_display_name", "evidence_image_paths",
+    "add_evidence_images", "answer_grammar", "answer_messages", "check_display_name", "check_focus_mode", "evidence_image_paths",
     "final_messages", "fit_answer", "fit_plan", "format_answer", "format_plan", "history_lines", "is_none",
     "kb_list", "normalize_kb", "parse_answer", "parse_plan", "plan_grammar", "plan_kb_list", "plan_messages",
     "render_hits", "ret_choice", "ret_content", "ret_prefix", "ret_span", "route_grammar", "strip_tags", "with_format_reminder", "with_kb_list",

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from agent.protocol.evidence import GAP, check_focus_mode, focus, focuses
 from agent.protocol.tags import format_answer, format_plan
 from retrievers.config import default_cache_dir
 from retrievers.provenance import provenance_label
@@ -36,6 +37,10 @@ class PromptSettings:
 
     few_shot: bool = False
     evidence_chars: int = 1200  # longest evidence text per hit
+    evidence_focus: str = "head"  # which longer hits show their parts nearest the sub-question: head | tables | all
+
+    def __post_init__(self) -> None:
+        check_focus_mode(self.evidence_focus)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -110,14 +115,26 @@ def history_lines(history: Sequence[tuple[str, str]]) -> str:
     return "".join(f"Sub-question {i}: {q}\nAnswer {i}: {a}\n" for i, (q, a) in enumerate(history, 1))
 
 
-def render_hits(hits: Sequence[Hit], max_chars: int = DEFAULT_PROMPT.evidence_chars) -> str:
+def render_hits(
+    hits: Sequence[Hit],
+    max_chars: int = DEFAULT_PROMPT.evidence_chars,
+    query: str | None = None,
+    focus_mode: str = "all",
+) -> str:
     """Numbered evidence lines tagged by KB (`text-0: …`); a table keeps its rows, indented under its line.
 
-    A record with provenance (written by `kbrouter ingest`) ends with `[source: report.pdf p. 4, table 2]`.
+    A hit longer than `max_chars` is cut at its head, or, given the sub-question as `query`, shows the parts of it
+    nearest the query (`agent.protocol.evidence.focus`) if `focus_mode` covers its modality. A record with
+    provenance (written by `kbrouter ingest`) ends with `[source: report.pdf p. 4, table 2]`.
     """
     lines = []
     for i, hit in enumerate(hits):
-        text = hit.doc.text if len(hit.doc.text) <= max_chars else hit.doc.text[:max_chars] + " …"
+        if len(hit.doc.text) <= max_chars:
+            text = hit.doc.text
+        elif query is None or not focuses(focus_mode, hit.doc.modality):
+            text = hit.doc.text[:max_chars] + " " + GAP
+        else:
+            text = focus(hit.doc.text, query, max_chars, table=hit.doc.modality == "table")
         if hit.doc.modality == "table":
             body = "\n    ".join(line for line in text.splitlines() if line.strip())
         else:
@@ -276,7 +293,8 @@ def answer_messages(
     settings: PromptSettings = DEFAULT_PROMPT,
 ) -> list[Message]:
     """Messages for an intermediate-answer step: only the sub-question and its evidence (and the question image)."""
-    user = f"Evidence:\n{render_hits(hits, settings.evidence_chars)}\n\nQuestion: {sub_question}"
+    evidence = render_hits(hits, settings.evidence_chars, sub_question, settings.evidence_focus)
+    user = f"Evidence:\n{evidence}\n\nQuestion: {sub_question}"
     shots = ANSWER_EXAMPLE if settings.few_shot else []
     return [{"role": "system", "content": ANSWER_SYSTEM}, *shots, _user(user, images)]
 

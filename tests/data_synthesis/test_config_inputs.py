@@ -74,13 +74,15 @@ def test_the_teachers_agent_settings_reach_its_step_loop_and_the_hash():
     assert (agent.constrained, agent.min_steps, agent.evidence_chars, agent.few_shot) == ("on", 1, 250, False)
     assert agent.seed == 7 and cfg.step_prompt.evidence_chars == 250 and not cfg.step_prompt.few_shot
     base = load_config(ROOT / "configs" / "synth" / "smollm2_cpu.yaml")
-    # at their defaults the keys added in stop 32 leave the hash alone: runs started before them still resume
+    # at their defaults the keys added in stops 32 and 43 leave the hash alone: runs started before them still resume
     old = {k: v for k, v in dataclasses.asdict(base).items() if k not in {"shard", "output_dir", "progress",
-           "log_level", "build_kbs", "constrained", "min_steps", "evidence_chars"}}  # fmt: skip
+           "log_level", "build_kbs", "constrained", "min_steps", "evidence_chars", "evidence_focus"}}  # fmt: skip
     old["teacher"] = {k: v for k, v in old["teacher"].items() if k not in ("retries", "backoff_s", "max_batch_size")}
     assert base.result_hash() == hashlib.sha256(json.dumps(old, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    for key, value in (("constrained", "auto"), ("min_steps", 1), ("evidence_chars", 250)):
+    for key, value in (("constrained", "auto"), ("min_steps", 1), ("evidence_chars", 250), ("evidence_focus", "tables")):
         assert dataclasses.replace(base, **{key: value}).result_hash() != base.result_hash(), key
+    focused = dataclasses.replace(base, evidence_focus="tables")  # the teacher reads, and the records show, focused tables
+    assert focused.agent_config(seed=0).evidence_focus == focused.step_prompt.evidence_focus == "tables"
 
 
 def test_m_abc_on_the_command_line_is_one_clear_error():

@@ -208,7 +208,9 @@ def test_a_large_weight_shard_counts_by_size_and_mtime(tmp_path: Path, questions
         # a valid key with an invalid value: AgentConfig's own message, prefixed with where it is
         ({"v": {"agent": {"top_k": 0}}}, r"agent_variants\.v: top_k must be >= 1"),
         # a built-in method's name
-        ({"rag_all": {}}, r"agent_variants\.rag_all: 'rag_all' is a built-in method name"),
+        ({"rag_all": {}}, r"agent_variants\.rag_all: 'rag_all' is a built-in method name \(rag_\* .*e\.g\. all_v2"),
+        ({"rag_all_v2": {}}, r"'rag_all_v2' is a built-in method name .*e\.g\. all_v2_v2"),
+        ({"router": {}}, r"'router' is a built-in method name; call the variant e\.g\. router_v2"),
         # not a mapping
         ({"v": "runs/x"}, r"agent_variants\.v: expected a mapping"),
         ({"v": {"agent": ["few_shot"]}}, r"agent_variants\.v\.agent: expected a mapping of overrides"),
@@ -541,3 +543,11 @@ def test_route_prior_settings_enter_the_fingerprint_only_where_they_change_predi
     assert sized["route_prior"] == 10 and sized["route_prior_size"] > 0
     raw = agent_fingerprint_fields(AgentConfig(route_prior=10, route_prior_size=0))
     assert "route_prior_size" not in raw and raw["route_prior"] == 10  # no size term: predictions cached before it
+
+
+@pytest.mark.parametrize("name", ["rag_all", "rag_all_focus", "rag_wiki", "router", "no_retrieval", "ircot"])
+def test_the_suggested_variant_name_is_free(name: str) -> None:
+    from eval.config import _free_name
+    from eval.methods import reserved_method_name
+
+    assert reserved_method_name(name) and not reserved_method_name(_free_name(name))
