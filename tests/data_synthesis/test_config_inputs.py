@@ -79,9 +79,16 @@ def test_the_teachers_agent_settings_reach_its_step_loop_and_the_hash():
            "log_level", "build_kbs", "constrained", "min_steps", "evidence_chars", "evidence_focus"}}  # fmt: skip
     old["teacher"] = {k: v for k, v in old["teacher"].items() if k not in ("retries", "backoff_s", "max_batch_size")}
     assert base.result_hash() == hashlib.sha256(json.dumps(old, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    for key, value in (("constrained", "auto"), ("min_steps", 1), ("evidence_chars", 250), ("evidence_focus", "tables")):
+    for key, value in (
+        ("constrained", "auto"),
+        ("min_steps", 1),
+        ("evidence_chars", 250),
+        ("evidence_focus", "tables"),
+    ):
         assert dataclasses.replace(base, **{key: value}).result_hash() != base.result_hash(), key
-    focused = dataclasses.replace(base, evidence_focus="tables")  # the teacher reads, and the records show, focused tables
+    focused = dataclasses.replace(
+        base, evidence_focus="tables"
+    )  # the teacher reads, and the records show, focused tables
     assert focused.agent_config(seed=0).evidence_focus == focused.step_prompt.evidence_focus == "tables"
 
 
