@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from agent.protocol.evidence import focus, focuses
 from agent.types import Trajectory
 from retrievers.provenance import provenance_label
 
@@ -44,11 +45,18 @@ class StepPrinter:
                     f"  [bold]sub-question:[/bold] {payload['sub_question']}  [magenta]→ {payload['kb']}[/magenta]{moved}"
                 )
         elif event == "evidence":
+            query, mode, chars = payload.get("sub_question"), payload.get("focus", "head"), payload.get("chars", 0)
             for i, h in enumerate(payload["hits"][: self.hits_shown]):
                 source = provenance_label(h.doc.metadata)  # shown first: the 140-character cut never hides it
                 where = f" \\[{source}]" if source else ""  # `\[`: a literal bracket, not rich markup
+                text, width = h.doc.text, 140
+                if query and chars < len(text) and focuses(mode, h.doc.modality):  # the rows the reader was shown
+                    text, width = (
+                        focus(text, query, chars, table=h.doc.modality == "table"),
+                        chars + len(h.doc.title) + 2,
+                    )
                 c.print(
-                    f"    [dim]{h.kb}-{i} ({h.score:.3f}){where}:[/dim] {_short(h.doc.title + ': ' + h.doc.text, 140)}"
+                    f"    [dim]{h.kb}-{i} ({h.score:.3f}){where}:[/dim] {_short(h.doc.title + ': ' + text, width)}"
                 )
         elif event == "answer":
             err = f" [red]{payload['errors']}[/red]" if payload["errors"] else ""

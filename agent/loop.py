@@ -392,7 +392,13 @@ class StepAgent:
             hits = self._retrieve(to_retrieve)
             retrieve_s = time.perf_counter() - t0
             for (s, parsed, _), h in zip(to_retrieve, hits, strict=True):
-                self._emit(on_event, s.q.id, "evidence", {"step": step_i, "kb": parsed.kb, "hits": h})
+                # with the rendering, so a display can show a focused hit's rows as the answer step reads them
+                render = {
+                    "sub_question": parsed.sub_question,
+                    "focus": cfg.evidence_focus,
+                    "chars": cfg.evidence_chars,
+                }
+                self._emit(on_event, s.q.id, "evidence", {"step": step_i, "kb": parsed.kb, "hits": h, **render})
             # 3. answer, batched
             ok = [
                 (s, p, raw, h)

@@ -98,3 +98,21 @@ def test_the_setting_is_recorded_and_old_records_read_as_unfocused():
 def test_an_unknown_mode_is_refused_naming_the_key_and_the_choices(bad):
     with pytest.raises(ValueError, match=r"agent\.evidence_focus.*'head', 'tables', 'all'"):
         AgentConfig(evidence_focus=bad)
+
+
+@pytest.mark.parametrize("mode", ["head", "tables"])
+def test_the_step_printer_shows_the_rows_the_answer_step_reads(mode):
+    from rich.console import Console
+
+    from agent.display import StepPrinter
+
+    console = Console(record=True, width=400)
+    event = {"hits": [_table_hit(FRENCH_CONNECTION)], "sub_question": KC_Q, "focus": mode, "chars": 250}
+    StepPrinter(console)("q", "evidence", event)
+    shown = console.export_text()
+    assert shown.startswith(
+        "    table-0 (0.030): The French Connection (film): | Award | Category | Nominee | Result |"
+    )
+    assert ("| Kansas City Film Critics Circle, 1972 | Best Actor | Gene Hackman | Won |" in shown) == (
+        mode == "tables"
+    )
