@@ -98,6 +98,7 @@ def margins_for(policy, items: list[dict]) -> list[float]:  # noqa: ANN001 - a T
         settings = PromptSettings(
             few_shot=bool(render.get("few_shot", False)),
             evidence_chars=int(render.get("evidence_chars", PromptSettings().evidence_chars)),
+            evidence_focus=str(render.get("evidence_focus", PromptSettings().evidence_focus)),
         )
         hits = [Hit.from_dict(h) for h in item["step"].get("hits", [])]
         text = policy.render(answer_messages(item["step"]["sub_question"], hits, settings=settings)) + item["prefix"]

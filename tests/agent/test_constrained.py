@@ -207,6 +207,7 @@ def test_agent_sends_the_grammar_and_records_render_settings():
     assert t.stop_reason == "answered" and t.metadata["render"] == {
         "few_shot": False,
         "evidence_chars": 1200,
+        "evidence_focus": "head",
         "constrained": True,
     }
     assert all(p.grammar and not p.stop for p in seen)
