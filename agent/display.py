@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agent.protocol.evidence import focus, focuses
+from agent.protocol.evidence import focused_text
 from agent.types import Trajectory
 from retrievers.provenance import provenance_label
 
@@ -50,11 +50,9 @@ class StepPrinter:
                 source = provenance_label(h.doc.metadata)  # shown first: the 140-character cut never hides it
                 where = f" \\[{source}]" if source else ""  # `\[`: a literal bracket, not rich markup
                 text, width = h.doc.text, 140
-                if query and chars < len(text) and focuses(mode, h.doc.modality):  # the rows the reader was shown
-                    text, width = (
-                        focus(text, query, chars, table=h.doc.modality == "table"),
-                        chars + len(h.doc.title) + 2,
-                    )
+                focused = focused_text(text, h.doc.modality, chars, query, mode)  # the rows the reader was shown
+                if focused is not None:
+                    text, width = focused, chars + len(h.doc.title) + 2
                 c.print(
                     f"    [dim]{h.kb}-{i} ({h.score:.3f}){where}:[/dim] {_short(h.doc.title + ': ' + text, width)}"
                 )

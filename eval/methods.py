@@ -342,12 +342,16 @@ def ircot(questions: Sequence[Question], ctx: MethodContext) -> list[Trajectory]
         idx = [i for i in range(n) if done[i] is None]
         if not idx:
             break
+        evidence = {
+            i: render_hits(hits[i], ctx.agent.evidence_chars, questions[i].question, ctx.agent.evidence_focus)
+            for i in idx
+        }
         convs = [
             [
                 {"role": "system", "content": IRCOT_SYSTEM},
                 {
                     "role": "user",
-                    "content": f"Evidence:\n{render_hits(hits[i], ctx.agent.evidence_chars, questions[i].question, ctx.agent.evidence_focus)}\n\n"
+                    "content": f"Evidence:\n{evidence[i]}\n\n"
                     f"Question: {questions[i].question}"
                     f"\nReasoning so far: {' '.join(cot[i]) or '(none)'}\nNext sentence:",
                 },

@@ -44,6 +44,14 @@ def focuses(mode: str, modality: str) -> bool:
     return mode == "all" or (mode == "tables" and modality == "table")
 
 
+def focused_text(text: str, modality: str, max_chars: int, query: str | None, mode: str) -> str | None:
+    """`text` focused on `query`, or None where it is shown as it is or cut at its head (it fits, no query, or `mode`
+    leaves its modality alone). The one decision both the answer prompt and the terminal stream make."""
+    if query is None or len(text) <= max_chars or not focuses(mode, modality):
+        return None
+    return focus(text, query, max_chars, table=modality == "table")
+
+
 def split_units(text: str, table: bool) -> tuple[list[str], list[str]]:
     """(kept head, candidate units): a table's title and header lines, then its rows; a passage's sentences."""
     if table:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from agent.protocol.evidence import GAP, check_focus_mode, focus, focuses
+from agent.protocol.evidence import GAP, check_focus_mode, focused_text
 from agent.protocol.tags import format_answer, format_plan
 from retrievers.config import default_cache_dir
 from retrievers.provenance import provenance_label
@@ -129,12 +129,9 @@ def render_hits(
     """
     lines = []
     for i, hit in enumerate(hits):
-        if len(hit.doc.text) <= max_chars:
-            text = hit.doc.text
-        elif query is None or not focuses(focus_mode, hit.doc.modality):
-            text = hit.doc.text[:max_chars] + " " + GAP
-        else:
-            text = focus(hit.doc.text, query, max_chars, table=hit.doc.modality == "table")
+        text = focused_text(hit.doc.text, hit.doc.modality, max_chars, query, focus_mode)
+        if text is None:
+            text = hit.doc.text if len(hit.doc.text) <= max_chars else hit.doc.text[:max_chars] + " " + GAP
         if hit.doc.modality == "table":
             body = "\n    ".join(line for line in text.splitlines() if line.strip())
         else:
