@@ -34,7 +34,7 @@ from pathlib import Path
 from agent.backends.factory import BACKENDS, PolicyConfig
 from agent.loop import AgentConfig
 from agent.protocol import DEFAULT_PROMPT, PromptSettings
-from retrievers.config_file import check_keys, load_config_file
+from retrievers.config_file import check_keys, drop_new_at_default, load_config_file
 
 INPUT_FORMATS = ("generic", "shared_text", "r1router", "tabfact", "wtq", "coco", "video", "r1router_steps")
 ANNOTATION = "annotation"  # the teacher that needs no model (data_synthesis.annotation)
@@ -257,15 +257,14 @@ class SynthConfig:
         skip = {"shard", "output_dir", "progress", "log_level", "build_kbs"}
         d = {k: v for k, v in dataclasses.asdict(self).items() if k not in skip}
         d["teacher"] = {k: v for k, v in d["teacher"].items() if k not in ("retries", "backoff_s", "max_batch_size")}
-        for key, default in NEW_AT_DEFAULT.items():  # runs started before these keys existed keep their hash
-            if d[key] == default:
-                del d[key]
+        d = drop_new_at_default(d, NEW_AT_DEFAULT)  # runs started before these keys existed keep their hash
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
 
+# keys added after runs were hashed, at the value that behaves as before (`retrievers.config_file.drop_new_at_default`)
 NEW_AT_DEFAULT = {
     "constrained": "off", "min_steps": 0, "evidence_chars": DEFAULT_PROMPT.evidence_chars, "evidence_focus": DEFAULT_PROMPT.evidence_focus,
 }  # fmt: skip

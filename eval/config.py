@@ -30,7 +30,7 @@ from pathlib import Path
 from agent.backends.models import ROUTER_CARD
 from agent.loop import AgentConfig
 from eval.datasets import SPEC_KEYS, DatasetSpec
-from retrievers.config_file import read_config, resolve_path
+from retrievers.config_file import Gate, drop_new_at_default, read_config, resolve_path
 
 
 @dataclass
@@ -265,17 +265,18 @@ def _free_name(name: str) -> str:
 
 
 def agent_fingerprint_fields(agent: AgentConfig) -> dict:
-    """The loop settings a fingerprint covers: all of them, less the route prior's while it is off and evidence focus
-    while it is off (settings added after predictions were cached; off, they leave every agent as it was, so its
-    cached predictions stay valid)."""
-    data = asdict(agent)
-    if agent.evidence_focus == "head":
-        del data["evidence_focus"]
-    if agent.route_prior == 0:
-        del data["route_prior"], data["route_prior_encoder"], data["route_prior_size"]
-    elif agent.route_prior_size == 0:  # no size term: the affinity of the predictions cached before it existed
-        del data["route_prior_size"]
-    return data
+    """The loop settings a fingerprint covers: all of them, less those of `AGENT_NEW_AT_DEFAULT` at their old-behaviour
+    values (settings added after predictions were cached; there, they leave every agent as it was, so its cached
+    predictions stay valid)."""
+    return drop_new_at_default(asdict(agent), AGENT_NEW_AT_DEFAULT)
+
+
+# AgentConfig keys added after predictions were cached, at the value that behaves as before they existed
+AGENT_NEW_AT_DEFAULT = {
+    "evidence_focus": "head",  # each hit cut at its head
+    "route_prior": Gate(0, ("route_prior_encoder", "route_prior_size")),  # off: its encoder and size term unused
+    "route_prior_size": 0,  # the prior on with no size term: the affinity of the predictions cached before it existed
+}
 
 
 VARIANT_KEYS = ("method", "policy", "agent")

@@ -7,6 +7,8 @@
 - Unknown top-level keys are an error naming the key, the file and the closest valid keys (`check_keys`).
 - Paths written in the YAML resolve against the YAML file's folder (`resolve_path`); paths given as overrides are left
   as written, so they resolve against the working directory.
+- A key added to a config after results were hashed leaves the old hash as it was while it has its old behaviour
+  (`drop_new_at_default`, given one table of such keys per hash: `SynthConfig.result_hash`, `EvalConfig.fingerprint`).
 
 Example::
 
@@ -20,7 +22,7 @@ import dataclasses
 import difflib
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -155,6 +157,42 @@ def check_keys(cls: type, values: dict, where: str, skip: Sequence[str] = ()) ->
             close = difflib.get_close_matches(str(key), valid, n=3)
             hint = f"; did you mean {close}?" if close else f"; valid keys: {valid}"
             raise ValueError(f"unknown key {key!r} in {where}{hint}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Gate:
+    """A new key's old-behaviour value that also turns off the keys `gated` (settings of what it switches off)."""
+
+    value: object
+    gated: tuple[str, ...]
+
+
+def drop_new_at_default(data: dict, new_keys: Mapping[str, object]) -> dict:
+    """`data` less each key of `new_keys` whose value equals its table value (the one that behaves as before the key
+    existed), so a config hashed before the key was added hashes as it did. A `Gate` value drops its `gated` keys too
+    (whatever their values); a key a gate has dropped is not checked again.
+
+    Example:
+        >>> table = {"prior": Gate(0, ("prior_size",)), "prior_size": 0, "focus": "head"}
+        >>> drop_new_at_default({"prior": 0, "prior_size": 0.5, "focus": "all", "lr": 1}, table)
+        {'focus': 'all', 'lr': 1}
+        >>> drop_new_at_default({"prior": 10, "prior_size": 0, "focus": "head", "lr": 1}, table)
+        {'prior': 10, 'lr': 1}
+
+    Raises:
+        KeyError: a key of `new_keys` is not in `data` (a renamed field the table still names).
+    """
+    out = dict(data)
+    dropped: set[str] = set()
+    for key, spec in new_keys.items():
+        if key in dropped:
+            continue
+        value, gated = (spec.value, spec.gated) if isinstance(spec, Gate) else (spec, ())
+        if out[key] == value:
+            for k in (key, *gated):
+                out.pop(k, None)
+                dropped.add(k)
+    return out
 
 
 def _absolute(value: str, base: Path) -> str:

@@ -90,6 +90,8 @@ def focus(text: str, query: str, max_chars: int, table: bool = False) -> str:
     parts = list(head)
     for i in range(len(units)):
         if i in chosen:
+            if units[i].startswith(GAP) and parts and parts[-1] == GAP:
+                parts.pop()  # the unit brings its own marker (a table's `… (2 more rows; 32 in all)`): one is enough
             parts.append(units[i])
         elif not parts or parts[-1] != GAP:
             parts.append(GAP)

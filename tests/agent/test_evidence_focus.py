@@ -2,6 +2,7 @@
 the answer step sees the row or sentence the sub-question asks about, which the head cut drops."""
 
 import json
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from retrievers.types import Doc, Hit
 DEMO = Path(__file__).resolve().parents[2] / "data" / "demo"
 FRENCH_CONNECTION = linearize(read_table_file(DEMO / "tables" / "200-11.csv"))  # WTQ: the film's awards, 2,052 chars
 KC_Q = "who won best actor from the kansas city film critics circle?"  # the 23rd of 29 rows
+KODACHROME = linearize(read_table_file(DEMO / "tables" / "200-24.csv"))  # 32 rows: 30 shown, then a trailer line
 
 
 def _passage(doc_id: str) -> dict:
@@ -53,6 +55,29 @@ def test_focus_keeps_the_budget_and_the_units_order(max_chars, query):
     assert kept, "at least one row is shown"
     positions = [units.index(line) for line in kept]
     assert positions == sorted(positions)  # original order, so a table still reads top to bottom
+    assert sum(len(line) + 1 for line in out if line != GAP) <= max_chars
+
+
+@pytest.mark.parametrize(
+    "query, max_chars, last_row",
+    [
+        # the row asked about, the rows after it left out, then the trailer (the reported `1956–1962 | … …`)
+        ("when did Kodachrome Professional film 35 mm Type A stop?", 120, "35 mm, Type A (ASA 16) | 1956–1962 |"),
+        # a larger budget: two rows kept, the rows between the second and the trailer left out
+        (
+            "when did Kodachrome Professional film 35 mm Type A stop?",
+            200,
+            "Professional, 35 mm, Type A (ASA 40) | 1962–1978 |",
+        ),
+        # another query: a row near the top kept, the 28 rows after it left out
+        ("which Kodachrome film came in 35 mm Type A?", 120, "35 mm and 828, daylight & Type A | 1936–1962 |"),
+    ],
+)
+def test_rows_left_out_before_the_trailer_show_one_gap_marker(query, max_chars, last_row):
+    out = focus(KODACHROME, query, max_chars, table=True).splitlines()
+    assert out[-1] == KODACHROME.splitlines()[-1] == "… (2 more rows; 32 in all)"
+    assert out[-2].endswith(last_row)  # the trailer's own `…` marks the rows left out after the last kept one
+    assert not [(a, b) for a, b in pairwise(out) if a.startswith(GAP) and b.startswith(GAP)]
     assert sum(len(line) + 1 for line in out if line != GAP) <= max_chars
 
 

@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from retrievers.config_file import load_config_file, parse_overrides, read_config, yaml_loads
+from retrievers.config_file import (
+    Gate,
+    drop_new_at_default,
+    load_config_file,
+    parse_overrides,
+    read_config,
+    yaml_loads,
+)
 
 
 @dataclass
@@ -104,3 +111,51 @@ def test_a_bad_value_names_the_file_and_a_missing_file_is_named(tmp_path):
         load_config_file(Checked, tmp_path / "missing.yaml", what="recipe")
     with pytest.raises(ValueError, match=r"expected a mapping of keys to values, got list"):
         load_config_file(Checked, write(tmp_path, "- 1\n", "list.yaml"))
+
+
+# the shape of the agent's table (eval.config.AGENT_NEW_AT_DEFAULT): a gate, a key it gates, and a plain key
+NEW_KEYS = {"prior": Gate(0, ("encoder", "size")), "size": 0, "focus": "head"}
+
+
+@pytest.mark.parametrize(
+    "data, kept",
+    [
+        # every new key at its old-behaviour value: only the old keys are left
+        ({"lr": 1, "prior": 0, "encoder": "minilm", "size": 0, "focus": "head"}, {"lr": 1}),
+        # the gate closed drops the keys it gates whatever their values, and nothing else
+        ({"lr": 1, "prior": 0, "encoder": "clip", "size": 0.5, "focus": "all"}, {"lr": 1, "focus": "all"}),
+        # a float at an int value is at that value (0.0 == 0), as the hash has always compared
+        ({"lr": 1, "prior": 0.0, "encoder": "minilm", "size": 0.5, "focus": "all"}, {"lr": 1, "focus": "all"}),
+        # the gate open: the gated key is checked on its own (0 dropped), the gate's other key is kept
+        (
+            {"lr": 1, "prior": 10, "encoder": "minilm", "size": 0, "focus": "head"},
+            {"lr": 1, "prior": 10, "encoder": "minilm"},
+        ),
+        # the gate open and every key off its value: nothing is dropped
+        (
+            {"lr": 1, "prior": 10, "encoder": "minilm", "size": 0.08, "focus": "tables"},
+            {"lr": 1, "prior": 10, "encoder": "minilm", "size": 0.08, "focus": "tables"},
+        ),
+        # None (auto) is not 0: the gate stays open
+        (
+            {"lr": 1, "prior": None, "encoder": "minilm", "size": 0.08, "focus": "head"},
+            {"lr": 1, "prior": None, "encoder": "minilm", "size": 0.08},
+        ),
+        # an old key that happens to hold a table value is not touched (only the table's keys are)
+        (
+            {"lr": 0, "prior": 5, "encoder": "minilm", "size": 0.08, "focus": "all"},
+            {"lr": 0, "prior": 5, "encoder": "minilm", "size": 0.08, "focus": "all"},
+        ),
+    ],
+)
+def test_new_keys_are_dropped_exactly_at_their_old_behaviour_values(data, kept):
+    before = dict(data)
+    assert drop_new_at_default(data, NEW_KEYS) == kept
+    reordered = dict(reversed(NEW_KEYS.items()))  # the gated key checked before its gate: the same result
+    assert drop_new_at_default(data, reordered) == kept
+    assert data == before  # the caller's dict is left as it was
+
+
+def test_a_table_key_missing_from_the_data_is_an_error():
+    with pytest.raises(KeyError, match="focus"):
+        drop_new_at_default({"lr": 1, "prior": 10, "encoder": "minilm", "size": 0}, NEW_KEYS)
