@@ -127,12 +127,14 @@ class _Bridge:
     def __init__(self, batcher: MicroBatcher, loop: asyncio.AbstractEventLoop, cancelled: threading.Event) -> None:
         self.batcher, self.loop, self.cancelled = batcher, loop, cancelled
 
-    def call(self, payloads: list, key: Hashable) -> list:
+    def call(self, payloads: list, key: Hashable | list[Hashable]) -> list:
+        """Submit `payloads` under one batcher key, or a list of keys, one per payload."""
         if self.cancelled.is_set():
             raise _Cancelled()
+        keys = key if isinstance(key, list) else [key] * len(payloads)
 
         async def submit() -> list:
-            futures = [self.batcher.submit(p, key) for p in payloads]
+            futures = [self.batcher.submit(p, k) for p, k in zip(payloads, keys, strict=True)]
             try:
                 return await asyncio.gather(*futures, return_exceptions=True)
             except asyncio.CancelledError:
@@ -159,7 +161,10 @@ class _BatchedPolicy:
         self.bridge = bridge
 
     def generate(self, conversations: list[list[dict]], params: SamplingParams) -> list[Completion]:
-        outs = self.bridge.call(conversations, params)
+        if isinstance(params.grammar, tuple):  # one grammar per conversation: each batches with its own kind only
+            outs = self.bridge.call(conversations, [replace(params, grammar=g) for g in params.grammar])
+        else:
+            outs = self.bridge.call(conversations, params)
         for out in outs:
             if isinstance(out, BaseException):
                 raise BackendError(f"generation failed: {out}")

@@ -12,7 +12,16 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from agent.backends.base import BackendError, Completion, Message, Policy, SamplingParams, supports_grammar
+from agent.backends.base import (
+    BackendError,
+    Completion,
+    Message,
+    Policy,
+    SamplingParams,
+    last_user_text,
+    row_params,
+    supports_grammar,
+)
 from agent.kbs import KnowledgeBase
 from agent.protocol import (
     DEFAULT_PROMPT,
@@ -22,6 +31,7 @@ from agent.protocol import (
     add_evidence_images,
     answer_grammar,
     answer_messages,
+    check_answer_words,
     check_focus_mode,
     final_messages,
     parse_answer,
@@ -30,6 +40,8 @@ from agent.protocol import (
     plan_messages,
     ret_choice,
     ret_prefix,
+    shown_answer_grammars,
+    shown_words,
     strip_tags,
     with_format_reminder,
 )
@@ -117,6 +129,14 @@ class AgentConfig:
             "help": "decode inside the step grammar: on | off | auto (on where the backend has structured output)"
         },
     )
+    answer_words: str = field(
+        default="free",
+        metadata={
+            "help": "what a constrained answer or final step may write in <answer>: free (any text) | shown (words "
+            "of the prompt it read, yes/no and numbers: it cannot invent a name the evidence does not hold) | found "
+            "(as shown, but a final answer takes the words of the intermediate answers)"
+        },
+    )
     temperature: float = 0.0
     top_p: float = 1.0
     top_k_sampling: int = 0
@@ -167,6 +187,7 @@ class AgentConfig:
         from retrievers.config import check_field_types
 
         check_focus_mode(self.evidence_focus, "agent.evidence_focus")  # first: YAML reads `on` as true, not a mode
+        check_answer_words(self.answer_words)
         check_field_types(self, "agent.")
         for key in ("plan_tokens", "answer_tokens", "final_tokens", "evidence_chars"):
             if getattr(self, key) < 1:
@@ -209,7 +230,7 @@ class AgentConfig:
         max_new_tokens: int,
         stop: tuple[str, ...],
         salt: int = 0,
-        grammar: str | None = None,
+        grammar: str | tuple[str, ...] | None = None,
         step: str | None = None,
     ) -> SamplingParams:
         seed = None if self.seed is None else self.seed + salt
@@ -250,6 +271,12 @@ class StepAgent:
         self.kbs = kbs
         self.config = config or AgentConfig()
         self.constrained = use_constrained(self.config.constrained, policy)  # fails here, before any generation
+        if self.config.answer_words != "free" and not self.constrained:
+            raise ValueError(
+                f"agent.answer_words: {self.config.answer_words} is enforced by the answer grammar, and this agent "
+                f"decodes without one (agent.constrained: {self.config.constrained}, policy {policy.name}); set "
+                "agent.constrained: on with a backend that has structured output, or agent.answer_words: free"
+            )
         self._grammars: dict[str, str] = {}
         if self.constrained:  # built once per KB set; a budget too small for the tags fails here too
             cfg = self.config
@@ -269,10 +296,29 @@ class StepAgent:
         grammar = self._grammars.get(key)
         return cfg.sampling(tokens, (stop,), salt=salt, grammar=grammar, step=step)
 
+    def _answer_params(
+        self, step: str, convs: list[list[Message]], salt: int, states: Sequence[_State] = ()
+    ) -> SamplingParams:
+        """An answer or final step's params. Unless `answer_words` is free, one grammar per conversation, whose answer
+        is made of the words its own prompt shows (evidence labels such as `wiki-0` left out); with `found`, a final
+        step's are the words of its intermediate answers (of its prompt when they have none)."""
+        params = self._params(step, "</answer>", salt=salt)
+        if not self.constrained or self.config.answer_words == "free":
+            return params
+        tokens = self.config.answer_tokens if step == "answer" else self.config.final_tokens
+        labels = [kb.name for kb in self.kbs.values()]
+        texts = [last_user_text(c) for c in convs]
+        if step == "final" and self.config.answer_words == "found":
+            found = [" ".join(a for _, a in s.history) for s in states]
+            texts = [f if shown_words(f, labels) else t for f, t in zip(found, texts, strict=True)]
+        return replace(params, grammar=shown_answer_grammars(texts, tokens, labels))
+
     @property
     def render_settings(self) -> dict:
-        """How this agent renders and decodes steps; stored in every trajectory's metadata."""
-        return {**self.config.prompt_settings.to_dict(), "constrained": self.constrained}
+        """How this agent renders and decodes steps; stored in every trajectory's metadata (`answer_words` only
+        where it is not free, so records written before it existed read the same)."""
+        words = {} if self.config.answer_words == "free" else {"answer_words": self.config.answer_words}
+        return {**self.config.prompt_settings.to_dict(), "constrained": self.constrained, **words}
 
     # -- generation with bounded re-asking -------------------------------------------------------------------
     def _generate(
@@ -293,7 +339,7 @@ class StepAgent:
                 seed = None if params.seed is None else params.seed + 1000 * attempt
                 params = replace(params, temperature=self.config.retry_temperature, seed=seed)
             try:
-                outs: list[Completion] = self.policy.generate([convs[i] for i in pending], params)
+                outs: list[Completion] = self.policy.generate([convs[i] for i in pending], row_params(params, pending))
             except BackendError as e:
                 for i in pending:
                     states[i].stop_reason, states[i].error = "backend_error", str(e)
@@ -406,11 +452,12 @@ class StepAgent:
                 if s.stop_reason != "backend_error"
             ]
             t0 = time.perf_counter()
+            convs = [self._answer_messages(p.sub_question, h, s.q.images) for s, p, _, h in ok]
             answers = self._generate(
                 [s for s, *_ in ok],
-                [self._answer_messages(p.sub_question, h, s.q.images) for s, p, _, h in ok],
+                convs,
                 lambda text: parse_answer(text, require_think=cfg.require_think),
-                self._params("answer", "</answer>", salt=10 * step_i + 1),
+                self._answer_params("answer", convs, salt=10 * step_i + 1),
             )
             answer_s = time.perf_counter() - t0
             for (s, p, raw, h), (parsed, araw) in zip(ok, answers, strict=True):
@@ -512,11 +559,12 @@ class StepAgent:
         cfg = self.config
         live = [s for s in states if s.stop_reason != "backend_error"]
         t0 = time.perf_counter()
+        convs = [final_messages(s.q.question, s.history, s.q.images, cfg.prompt_settings) for s in live]
         finals = self._generate(
             live,
-            [final_messages(s.q.question, s.history, s.q.images, cfg.prompt_settings) for s in live],
+            convs,
             lambda text: parse_answer(text, require_think=cfg.require_think),
-            self._params("final", "</answer>", salt=99),
+            self._answer_params("final", convs, salt=99, states=live),
         )
         final_s = time.perf_counter() - t0
         by_id = {id(s): f for s, f in zip(live, finals, strict=True)}

@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from agent.backends.base import BackendError, Completion, Message, Policy, SamplingParams, supports_grammar
+from agent.backends.base import BackendError, Completion, Message, Policy, SamplingParams, row_params, supports_grammar
 from data_synthesis.config import TeacherSpec
 from retrievers.retry import RetryPolicy, http_status, is_retryable
 
@@ -95,7 +95,9 @@ class RetryingPolicy:
         again = [i for i, c in enumerate(out) if c.finish_reason == "error" and worth_asking_again(c)]
         if again:  # keep the good ones, retry only the failed items
             out = list(out)
-            for i, c in zip(again, self.generate([conversations[i] for i in again], params), strict=True):
+            for i, c in zip(
+                again, self.generate([conversations[i] for i in again], row_params(params, again)), strict=True
+            ):
                 out[i] = c
         return out
 
@@ -110,8 +112,8 @@ class RetryingPolicy:
             return [Completion(text="", finish_reason="error", metadata={"error": out})]
         logger.warning("teacher batch of %d keeps failing; asking each conversation alone", len(conversations))
         result = []
-        for conv in conversations:
-            one = self._call([conv], params)
+        for i, conv in enumerate(conversations):
+            one = self._call([conv], row_params(params, [i]))
             result.append(Completion(text="", finish_reason="error", metadata={"error": one})
                           if isinstance(one, str) else one[0])  # fmt: skip
         return result

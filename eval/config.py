@@ -276,6 +276,7 @@ AGENT_NEW_AT_DEFAULT = {
     "evidence_focus": "head",  # each hit cut at its head
     "route_prior": Gate(0, ("route_prior_encoder", "route_prior_size")),  # off: its encoder and size term unused
     "route_prior_size": 0,  # the prior on with no size term: the affinity of the predictions cached before it existed
+    "answer_words": "free",  # any answer text
 }
 
 

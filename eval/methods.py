@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from agent.backends.base import Completion, Message, Policy, SamplingParams
+from agent.backends.base import Completion, Message, Policy, SamplingParams, last_user_text
 from agent.kbs import KnowledgeBase
 from agent.loop import AgentConfig, StepAgent, use_constrained
 from agent.protocol import (
@@ -44,6 +44,7 @@ from agent.protocol import (
     ret_content,
     ret_span,
     route_grammar,
+    shown_answer_grammars,
     strip_tags,
 )
 from agent.types import Question, Step, Trajectory
@@ -69,8 +70,15 @@ class MethodContext:
     def grammar(self, step: str) -> StepGrammar | None:
         """The grammar a baseline decodes `step` in ("route": the router's KB choice; "answer" / "final": an answer
         step) when `agent.constrained` resolves on for this policy, else None. `on` with a backend that has no
-        structured output raises here, before the method generates anything."""
+        structured output raises here, before the method generates anything, and so does `agent.answer_words: shown`
+        without a grammar (its answers are made of their prompt's words by the grammar alone)."""
         if not use_constrained(self.agent.constrained, self.policy):
+            if self.agent.answer_words != "free":
+                raise ValueError(
+                    f"agent.answer_words: {self.agent.answer_words} needs constrained decoding, and this method "
+                    f"decodes without it (agent.constrained: {self.agent.constrained}, policy {self.policy.name}); set "
+                    "agent.constrained: on, or agent.answer_words: free"
+                )
             return None
         if step == "route":
             return route_grammar(tuple(self.kbs))
@@ -98,7 +106,11 @@ class _Counter:
     ) -> list[Completion]:
         if not idx:
             return []
-        ebnf = grammar.ebnf if grammar else None
+        ebnf: str | tuple[str, ...] | None = grammar.ebnf if grammar else None
+        if grammar is not None and "answer_chars" in grammar.limits and self.ctx.agent.answer_words != "free":
+            # an answer step: one grammar per prompt's words (`found` reads as `shown`: no intermediate answers here)
+            labels = [kb.name for kb in self.ctx.kbs.values()]
+            ebnf = shown_answer_grammars([last_user_text(c) for c in convs], tokens, labels)
         outs = self.ctx.policy.generate(convs, self.ctx.agent.sampling(tokens, stop, salt, grammar=ebnf))
         for i, out in zip(idx, outs, strict=True):
             self.prompt[i] += out.prompt_tokens

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from typing import Protocol, runtime_checkable
 
 Message = dict  # {"role": "system"|"user"|"assistant", "content": str | list[{"type": "text"|"image", ...}]}
@@ -14,7 +15,8 @@ class SamplingParams:
 
     `stop` strings end a completion early (the text keeps the stop string, so closing tags survive). `grammar` is
     an EBNF grammar the whole completion must match (constrained decoding, `agent.protocol.grammar`); a backend
-    without structured output rejects it (`supports_grammar`). `step` names the agent step being decoded (`plan`,
+    without structured output rejects it (`supports_grammar`). A tuple holds one grammar per conversation of the call
+    (`agent.answer_words: shown` builds each answer's from its own prompt); `row_params` cuts it to a subset. `step` names the agent step being decoded (`plan`,
     `answer`, `final`; None outside the step loop): a backend with per-step weights (`policy.plan_adapter`) picks
     them by it, the others ignore it.
     """
@@ -25,8 +27,23 @@ class SamplingParams:
     top_k: int = 0
     seed: int | None = None
     stop: tuple[str, ...] = ()
-    grammar: str | None = None
+    grammar: str | tuple[str, ...] | None = None
     step: str | None = None
+
+
+def row_params(params: SamplingParams, rows: Sequence[int]) -> SamplingParams:
+    """`params` for these conversations (positions in the call): a per-conversation grammar tuple cut to them."""
+    if isinstance(params.grammar, tuple):
+        return replace(params, grammar=tuple(params.grammar[i] for i in rows))
+    return params
+
+
+def check_grammar_rows(params: SamplingParams, conversations: int) -> None:
+    """A per-conversation grammar tuple must hold one grammar per conversation."""
+    if isinstance(params.grammar, tuple) and len(params.grammar) != conversations:
+        raise ValueError(
+            f"SamplingParams.grammar holds {len(params.grammar)} grammars for {conversations} conversations"
+        )
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -92,6 +109,11 @@ def message_images(messages: list[Message]) -> list[str]:
         for part in m["content"]
         if part.get("type") == "image"
     ]
+
+
+def last_user_text(messages: list[Message]) -> str:
+    """The text of a conversation's last turn (its text parts, for a multimodal one)."""
+    return text_only(messages[-1:])[0]["content"]
 
 
 def text_only(messages: list[Message]) -> list[Message]:

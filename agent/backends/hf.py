@@ -5,7 +5,15 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from agent.backends.base import BackendError, Completion, Message, SamplingParams, text_only
+from agent.backends.base import (
+    BackendError,
+    Completion,
+    Message,
+    SamplingParams,
+    check_grammar_rows,
+    row_params,
+    text_only,
+)
 from agent.backends.models import load_merged, resolve_model, resolve_policy_model, warn_if_slow_bf16
 from agent.backends.prefix_cache import PrefixCache, batch_prefix_length, expanded, prefixed_batch
 from retrievers.batching import abandoned_items
@@ -155,6 +163,7 @@ class TransformersPolicy:
         its completion has `finish_reason="error"` and says so (the agent records a `backend_error` for that
         question alone); the model is never run on a prompt it would crash on or silently cut.
         """
+        check_grammar_rows(params, len(conversations))
         prompts = [self.render(c) for c in conversations]
         out: list[Completion | None] = [None] * len(prompts)
         context = self.context_length()
@@ -180,7 +189,9 @@ class TransformersPolicy:
             return out  # type: ignore[return-value]
         for start in range(0, len(order), self.max_batch_size):
             idx = order[start : start + self.max_batch_size]
-            for i, c in zip(idx, self._generate_chunk([prompts[i] for i in idx], params, idx), strict=True):
+            for i, c in zip(
+                idx, self._generate_chunk([prompts[i] for i in idx], row_params(params, idx), idx), strict=True
+            ):
                 out[i] = c
         return out  # type: ignore[return-value]
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from agent.backends.base import Completion, Message, SamplingParams
+from agent.backends.base import Completion, Message, SamplingParams, check_grammar_rows, row_params
 from agent.backends.hf import abandoned_completion, all_abandoned, generate_completions, padded_continuations
 from agent.backends.models import resolve_model, warn_if_slow_bf16
 from agent.backends.prefix_cache import PrefixCache, batch_prefix_length, expanded, prefixed_layout
@@ -201,6 +201,7 @@ class VisionLanguagePolicy:
 
     def generate(self, conversations: list[list[Message]], params: SamplingParams) -> list[Completion]:
         """One completion per conversation; an unreadable image fails only its own item (`finish_reason='error'`)."""
+        check_grammar_rows(params, len(conversations))
         out: list[Completion | None] = [None] * len(conversations)
         ready: list[tuple[int, str, list, int]] = []
         for i, conv in enumerate(conversations):
@@ -215,7 +216,9 @@ class VisionLanguagePolicy:
         ready.sort(key=lambda r: len(r[1]) + 1000 * len(r[2]))
         for start in range(0, len(ready), self.max_batch_size):
             chunk = ready[start : start + self.max_batch_size]
-            for (i, _, images, dropped), c in zip(chunk, self._generate_chunk(chunk, params), strict=True):
+            for (i, _, images, dropped), c in zip(
+                chunk, self._generate_chunk(chunk, row_params(params, [r[0] for r in chunk])), strict=True
+            ):
                 c.metadata.update(images=len(images), images_dropped=dropped)
                 out[i] = c
         return out  # type: ignore[return-value]

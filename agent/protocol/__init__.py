@@ -3,14 +3,18 @@ that constrain decoding to them (`grammar`), all generated from the configured K
 
 from agent.protocol.evidence import FOCUS_MODES, check_focus_mode
 from agent.protocol.grammar import (
+    ANSWER_WORDS,
     STOP_PLAN,
     StepGrammar,
     answer_grammar,
+    check_answer_words,
     check_display_name,
     fit_answer,
     fit_plan,
     plan_grammar,
     route_grammar,
+    shown_answer_grammars,
+    shown_words,
 )
 from agent.protocol.prompts import (
     DEFAULT_PROMPT,
@@ -52,10 +56,10 @@ from agent.protocol.tags import (
 )
 
 __all__ = [
-    "ANSWER", "AnswerParse", "DEFAULT_PROMPT", "FINAL_SYSTEM", "FOCUS_MODES", "FORMAT_ERRORS", "NONE_WORDS", "PLAN_SYSTEM",
+    "ANSWER", "ANSWER_WORDS", "AnswerParse", "DEFAULT_PROMPT", "FINAL_SYSTEM", "FOCUS_MODES", "FORMAT_ERRORS", "NONE_WORDS", "PLAN_SYSTEM",
     "PlanParse", "PromptSettings", "RET", "STOP_PLAN", "SUB_QUESTION", "StepGrammar", "THINK",
-    "add_evidence_images", "answer_grammar", "answer_messages", "check_display_name", "check_focus_mode", "evidence_image_paths",
+    "add_evidence_images", "answer_grammar", "answer_messages", "check_answer_words", "check_display_name", "check_focus_mode", "evidence_image_paths",
     "final_messages", "fit_answer", "fit_plan", "format_answer", "format_plan", "history_lines", "is_none",
     "kb_list", "normalize_kb", "parse_answer", "parse_plan", "plan_grammar", "plan_kb_list", "plan_messages",
-    "render_hits", "ret_choice", "ret_content", "ret_prefix", "ret_span", "route_grammar", "strip_tags", "with_format_reminder", "with_kb_list",
+    "render_hits", "ret_choice", "ret_content", "ret_prefix", "ret_span", "route_grammar", "shown_answer_grammars", "shown_words", "strip_tags", "with_format_reminder", "with_kb_list",
 ]  # fmt: skip

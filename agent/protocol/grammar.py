@@ -13,6 +13,7 @@ tokenizer (every byte is a token) needs at most 2 tokens for it. The whole outpu
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -119,19 +120,80 @@ def route_grammar(kb_names: tuple[str, ...]) -> StepGrammar:
     return StepGrammar(ebnf, bound, {})
 
 
-@lru_cache(maxsize=8)
-def answer_grammar(budget_tokens: int) -> StepGrammar:
-    """The answer/final grammar, sized to close within `budget_tokens`."""
+# `agent.answer_words`: any characters; words of the prompt the step read; the same, but a final answer's words come
+# from the intermediate answers (the final step of a 135M reader rewrites a right one into words of the question)
+ANSWER_WORDS = ("free", "shown", "found")
+_YES_NO = ("yes", "no", "Yes", "No")
+_NUMBER = "[0-9]{1,6}"  # a count or a year the evidence need not spell out
+_MAX_WORD_BYTES = 40  # longer runs (URLs, joined cells) are not words an answer copies
+_MAX_ANSWER_WORDS = 24
+_WORD_EDGES = " \t.,;:!?()[]{}\"'“”‘’…|*"
+
+
+def check_answer_words(mode: object) -> None:
+    if mode not in ANSWER_WORDS:
+        raise ValueError(f"agent.answer_words must be one of {ANSWER_WORDS}, got {mode!r}")
+
+
+def shown_words(text: str, labels: Sequence[str] = ()) -> tuple[str, ...]:
+    """The words an answer may copy from `text` (what the step was shown): each whitespace- or `|`-separated token with
+    its edge punctuation stripped, also in lower case, less evidence labels (`labels`, e.g. `wiki` for `wiki-0`, which
+    a reader should not give as an answer), in first-seen order.
+
+    Example:
+        >>> shown_words("wiki-0: Paris (France) | 2,100 people.", labels=["wiki"])
+        ('Paris', 'paris', 'France', 'france', '2,100', 'people')
+    """
+    label = re.compile(rf"(?:{'|'.join(re.escape(x) for x in labels)})-\d+", re.IGNORECASE) if labels else None
+    seen: dict[str, None] = {}
+    for token in re.split(r"[\s|]+", text):
+        word = token.strip(_WORD_EDGES)
+        if not word or len(word.encode()) > _MAX_WORD_BYTES or (label and label.fullmatch(word)):
+            continue
+        if any(c in "<>" or ord(c) < 0x20 for c in word):
+            continue  # a tag bracket would end the answer field for the parser
+        seen.setdefault(word, None)
+        seen.setdefault(word.lower(), None)
+    return tuple(w for w in seen if not re.fullmatch(_NUMBER, w))  # numbers come from `_NUMBER`
+
+
+@lru_cache(maxsize=256)
+def answer_grammar(budget_tokens: int, words: tuple[str, ...] | None = None) -> StepGrammar:
+    """The answer/final grammar, sized to close within `budget_tokens`.
+
+    With `words` (`shown_words` of the step's prompt) the answer is a phrase of those words, yes/no or numbers,
+    separated by spaces or commas (`agent.answer_words: shown`): a reader that cannot invent a name it was not shown.
+    The think stays free. Bounded like the free answer: the phrase has at most as many bytes as its characters would.
+    """
     open_think, mid, close = f"<{THINK}>", f"</{THINK}>\n<{ANSWER}>", f"</{ANSWER}>"
     fixed = _fixed_bytes([open_think, mid, close])
     think_chars, answer_chars = _split_chars(budget_tokens, fixed, (0.5, 0.5), "answer")
-    ebnf = "\n".join([
+    rules = [
         f"root ::= {_literal(open_think)} think {_literal(mid)} answer {_literal(close)}",
         _field("think", think_chars),
-        _field("answer", answer_chars),
-    ])  # fmt: skip
+    ]
+    limits = {"think_chars": think_chars, "answer_chars": answer_chars}
+    if words is None:
+        rules.append(_field("answer", answer_chars))
+    else:
+        vocab = tuple(dict.fromkeys((*_YES_NO, *words)))
+        widest = max(6, *(len(w.encode()) for w in vocab))  # 6: the number's digits
+        n = max(1, min(_MAX_ANSWER_WORDS, (_BYTES_PER_CHAR * answer_chars + 2) // (widest + 2)))
+        rules += [
+            f"answer ::= word (sep word){{0,{n - 1}}}",
+            'sep ::= " " | ", "',
+            f"word ::= {' | '.join(_literal(w) for w in vocab)} | {_NUMBER}",
+        ]
+        limits["answer_words"] = n
+    ebnf = "\n".join(rules)
     bound = fixed + _BYTES_PER_CHAR * (think_chars + answer_chars) + 1
-    return StepGrammar(ebnf, bound, {"think_chars": think_chars, "answer_chars": answer_chars})
+    return StepGrammar(ebnf, bound, limits)
+
+
+def shown_answer_grammars(prompts: Sequence[str], budget_tokens: int, labels: Sequence[str]) -> tuple[str, ...]:
+    """One answer grammar per prompt (the text of the user turn each step answers), its answer made of that prompt's
+    words (`agent.answer_words: shown`): what the step loop and the eval baselines send as a per-conversation tuple."""
+    return tuple(answer_grammar(budget_tokens, shown_words(p, tuple(labels))).ebnf for p in prompts)
 
 
 def _clean(text: str) -> str:
