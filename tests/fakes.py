@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from agent.backends.base import BackendError, Completion, SamplingParams
+from agent.backends.base import BackendError, Completion, SamplingParams, last_user_text
 from agent.kbs import KnowledgeBase
 from retrievers.types import Doc, Hit, Query, as_queries
 
@@ -135,11 +135,6 @@ class FakeRetriever:
             ranked = sorted(((len(words & self.words(d.text)), d) for d in self.docs), key=lambda x: -x[0])[:k]
             out.append([Hit(doc=d, score=self.score(s, r), rank=r, kb=self.kb) for r, (s, d) in enumerate(ranked)])
         return out
-
-
-def last_user_text(conv: list[dict]) -> str:
-    content = conv[-1]["content"]
-    return content if isinstance(content, str) else " ".join(p.get("text", "") for p in content)
 
 
 def system_text(conv: list[dict]) -> str:

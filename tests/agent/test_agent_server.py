@@ -255,3 +255,33 @@ def test_a_non_streaming_client_that_leaves_stops_the_agent(tmp_path):
         health = httpx.get(url + "/health", timeout=10).json()
     assert len(policy.seen) == 1, "the agent went on after its client left"
     assert health["cancelled"] == 1 and app.in_flight == 0
+
+
+def test_per_question_answer_grammars_batch_by_grammar_through_the_server(tmp_path):
+    """`agent.answer_words: shown` sends one grammar per conversation; the server's batcher keys work by its
+    SamplingParams, so each answer conversation goes in with its own grammar, never a tuple cut to another batch."""
+    from dataclasses import replace
+
+    from agent.loop import AgentConfig
+
+    class Grammared(StepPolicy):
+        supports_grammar = True
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.grammars = []
+
+        def generate(self, conversations, params):
+            self.grammars.append((len(conversations), params.step, params.grammar))
+            return super().generate(conversations, params)
+
+    policy = Grammared()
+    setups, media = make_setups(tmp_path, policy=policy)
+    setups = [replace(s, config=AgentConfig(max_steps=2, constrained="on", answer_words="shown")) for s in setups]
+    with serve_in_thread(create_agent_app(setups, media_roots=[media])) as url:
+        r = client(url).chat.completions.create(
+            model="kbrouter-demo", messages=[{"role": "user", "content": "Where was Marie Curie born?"}]
+        )
+    assert r.choices[0].message.content.startswith("Marie Curie was born in Warsaw")  # the fake ignores grammars
+    answers = [(n, g) for n, step, g in policy.grammars if step in ("answer", "final")]
+    assert answers and all(n == 1 and isinstance(g, str) and '"Warsaw"' in g for n, g in answers)
