@@ -16,9 +16,9 @@ class SamplingParams:
     `stop` strings end a completion early (the text keeps the stop string, so closing tags survive). `grammar` is
     an EBNF grammar the whole completion must match (constrained decoding, `agent.protocol.grammar`); a backend
     without structured output rejects it (`supports_grammar`). A tuple holds one grammar per conversation of the call
-    (`agent.answer_words: shown` builds each answer's from its own prompt); `row_params` cuts it to a subset. `step` names the agent step being decoded (`plan`,
-    `answer`, `final`; None outside the step loop): a backend with per-step weights (`policy.plan_adapter`) picks
-    them by it, the others ignore it.
+    (`agent.answer_words: shown` builds each answer's from its own prompt); `row_params` cuts it to a subset. `step`
+    names the agent step being decoded (`plan`, `answer`, `final`; None outside the step loop): a backend with
+    per-step weights (`policy.plan_adapter`) picks them by it, the others ignore it.
     """
 
     max_new_tokens: int = 256
@@ -29,6 +29,14 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     grammar: str | tuple[str, ...] | None = None
     step: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
 
 
 def row_params(params: SamplingParams, rows: Sequence[int]) -> SamplingParams:
@@ -44,14 +52,6 @@ def check_grammar_rows(params: SamplingParams, conversations: int) -> None:
         raise ValueError(
             f"SamplingParams.grammar holds {len(params.grammar)} grammars for {conversations} conversations"
         )
-
-    def __post_init__(self) -> None:
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
 
 
 @dataclass(frozen=True)

@@ -104,6 +104,8 @@ def test_row_params_cuts_a_grammar_tuple_and_leaves_one_grammar_alone():
     check_grammar_rows(SamplingParams(grammar="g"), 7)
     with pytest.raises(ValueError, match="3 grammars for 2 conversations"):
         check_grammar_rows(params, 2)
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 1"):  # the class keeps its own checks
+        SamplingParams(max_new_tokens=0, grammar=("a",))
 
 
 def test_openai_policy_sends_each_request_its_own_grammar():
