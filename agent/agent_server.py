@@ -44,7 +44,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
-from agent.backends.base import BackendError, Completion, Policy, SamplingParams, supports_grammar
+from agent.backends.base import BackendError, Completion, Policy, SamplingParams, per_row_params, supports_grammar
 from agent.backends.factory import PolicyConfig
 from agent.chat import Turn, latest_images, question_text
 from agent.completions import completion, stream_chunks
@@ -161,10 +161,8 @@ class _BatchedPolicy:
         self.bridge = bridge
 
     def generate(self, conversations: list[list[dict]], params: SamplingParams) -> list[Completion]:
-        if isinstance(params.grammar, tuple):  # one grammar per conversation: each batches with its own kind only
-            outs = self.bridge.call(conversations, [replace(params, grammar=g) for g in params.grammar])
-        else:
-            outs = self.bridge.call(conversations, params)
+        # one key per conversation: a grammar tuple's rows each batch with the work of their own grammar only
+        outs = self.bridge.call(conversations, per_row_params(params, len(conversations)))
         for out in outs:
             if isinstance(out, BaseException):
                 raise BackendError(f"generation failed: {out}")

@@ -46,6 +46,15 @@ def row_params(params: SamplingParams, rows: Sequence[int]) -> SamplingParams:
     return params
 
 
+def per_row_params(params: SamplingParams, conversations: int) -> list[SamplingParams]:
+    """One params per conversation, each with a single grammar: a per-conversation tuple split, else `params` repeated
+    (for backends and batchers that take one request, or one key, per conversation)."""
+    check_grammar_rows(params, conversations)
+    if isinstance(params.grammar, tuple):
+        return [replace(params, grammar=g) for g in params.grammar]
+    return [params] * conversations
+
+
 def check_grammar_rows(params: SamplingParams, conversations: int) -> None:
     """A per-conversation grammar tuple must hold one grammar per conversation."""
     if isinstance(params.grammar, tuple) and len(params.grammar) != conversations:

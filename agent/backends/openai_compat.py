@@ -7,7 +7,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from agent.backends.base import Completion, Message, SamplingParams, check_grammar_rows, row_params, scores_past_prefix
+from agent.backends.base import Completion, Message, SamplingParams, per_row_params, scores_past_prefix
 from retrievers.retry import RetryPolicy, http_status
 
 logger = logging.getLogger(__name__)
@@ -121,8 +121,7 @@ class OpenAICompatiblePolicy:
             if not self.supports_grammar:
                 raise ValueError("this OpenAI-compatible policy has grammar_field 'none': it cannot send a grammar")
             body.pop("stop", None)  # the grammar ends the reply; a stop string would cut its last tag
-            grammar = params.grammar[0] if isinstance(params.grammar, tuple) else params.grammar
-            body.update(GRAMMAR_FIELDS[self.grammar_field](grammar))
+            body.update(GRAMMAR_FIELDS[self.grammar_field](params.grammar))
 
         def post() -> Completion:
             r = self._client.post(self.url, json=body)
@@ -163,9 +162,8 @@ class OpenAICompatiblePolicy:
     def generate(self, conversations: list[list[Message]], params: SamplingParams) -> list[Completion]:
         if not conversations:
             return []
-        check_grammar_rows(params, len(conversations))
+        rows = per_row_params(params, len(conversations))  # a grammar tuple: one grammar per request
         with ThreadPoolExecutor(max_workers=min(self.concurrency, len(conversations))) as pool:
-            rows = [row_params(params, [i]) for i in range(len(conversations))]  # a grammar tuple: one per request
             return list(pool.map(self._one, conversations, rows))
 
     def _prompt_logprobs(self, messages: list[Message], assistant: str, step: str | None) -> tuple[list, list]:

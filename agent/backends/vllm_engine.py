@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agent.backends.base import Completion, Message, SamplingParams, check_grammar_rows, row_params, scores_past_prefix
+from agent.backends.base import Completion, Message, SamplingParams, per_row_params, scores_past_prefix
 
 
 class VLLMPolicy:
@@ -51,8 +51,7 @@ class VLLMPolicy:
         if params.grammar:  # vLLM's structured outputs (the `guided_*` fields were removed in v0.12)
             from vllm.sampling_params import StructuredOutputsParams
 
-            grammar = params.grammar[0] if isinstance(params.grammar, tuple) else params.grammar
-            extra = {"structured_outputs": StructuredOutputsParams(grammar=grammar)}
+            extra = {"structured_outputs": StructuredOutputsParams(grammar=params.grammar)}
         return self._vllm.SamplingParams(
             max_tokens=params.max_new_tokens,
             temperature=params.temperature,
@@ -66,14 +65,9 @@ class VLLMPolicy:
     def generate(self, conversations: list[list[Message]], params: SamplingParams) -> list[Completion]:
         from agent.backends.openai_compat import to_openai_messages
 
-        check_grammar_rows(params, len(conversations))
         # one SamplingParams per conversation when each has its own grammar (`agent.answer_words: shown`)
-        per_row = isinstance(params.grammar, tuple)
-        sp = (
-            [self._sampling(row_params(params, [i])) for i in range(len(conversations))]
-            if per_row
-            else self._sampling(params)
-        )
+        rows = per_row_params(params, len(conversations))
+        sp = [self._sampling(p) for p in rows] if isinstance(params.grammar, tuple) else self._sampling(params)
         outputs = self.llm.chat([to_openai_messages(c) for c in conversations], sp, use_tqdm=False)
         return [
             Completion(

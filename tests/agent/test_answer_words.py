@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from agent.backends.base import Completion, SamplingParams, check_grammar_rows, row_params
+from agent.backends.base import Completion, SamplingParams, check_grammar_rows, per_row_params, row_params
 from agent.loop import AgentConfig, StepAgent
 from agent.protocol import answer_grammar, answer_messages, parse_answer, shown_words
 from agent.types import Question
@@ -104,6 +104,10 @@ def test_row_params_cuts_a_grammar_tuple_and_leaves_one_grammar_alone():
     check_grammar_rows(SamplingParams(grammar="g"), 7)
     with pytest.raises(ValueError, match="3 grammars for 2 conversations"):
         check_grammar_rows(params, 2)
+    assert [p.grammar for p in per_row_params(params, 3)] == ["a", "b", "c"]  # one request (or key) each
+    assert per_row_params(SamplingParams(grammar="g"), 2) == [SamplingParams(grammar="g")] * 2
+    with pytest.raises(ValueError, match="3 grammars for 4 conversations"):
+        per_row_params(params, 4)
     with pytest.raises(ValueError, match="max_new_tokens must be >= 1"):  # the class keeps its own checks
         SamplingParams(max_new_tokens=0, grammar=("a",))
 
