@@ -60,8 +60,11 @@ class StepPrinter:
             err = f" [red]{payload['errors']}[/red]" if payload["errors"] else ""
             c.print(f"  [bold]intermediate answer:[/bold] {payload['answer']}{err}")
         elif event == "final":
+            # a reused answer (agent.reuse_answer): the only search asked the question itself
+            source = f"step {payload['from_step'] + 1}'s answer, " if "from_step" in payload else ""
             c.print(
-                f"[bold green]final answer:[/bold green] {payload['answer']}  [dim]({payload['stop_reason']})[/dim]"
+                f"[bold green]final answer:[/bold green] {payload['answer']}  "
+                f"[dim]({source}{payload['stop_reason']})[/dim]"
             )
 
 
@@ -88,7 +91,8 @@ def print_trajectory(traj: Trajectory, console=None) -> None:  # noqa: ANN001
         if s.sub_question is not None:
             printer(traj.id, "evidence", {"hits": list(s.hits)})
             printer(traj.id, "answer", {"answer": s.answer, "errors": list(s.format_errors)})
-    printer(traj.id, "final", {"answer": traj.final_answer, "stop_reason": traj.stop_reason})
+    reused = {"from_step": traj.metadata["final_from_step"]} if "final_from_step" in traj.metadata else {}
+    printer(traj.id, "final", {"answer": traj.final_answer, "stop_reason": traj.stop_reason, **reused})
     if traj.gold:
         console.print(f"[dim]gold: {list(traj.gold)}[/dim]")
 

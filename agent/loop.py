@@ -23,6 +23,7 @@ from agent.backends.base import (
     supports_grammar,
 )
 from agent.kbs import KnowledgeBase
+from agent.metrics import normalize_answer
 from agent.protocol import (
     DEFAULT_PROMPT,
     AnswerParse,
@@ -135,6 +136,14 @@ class AgentConfig:
             "help": "what a constrained answer or final step may write in <answer>: free (any text) | shown (words "
             "of the prompt it read, yes/no and numbers: it cannot invent a name the evidence does not hold) | found "
             "(as shown, but a final answer takes the words of the intermediate answers)"
+        },
+    )
+    reuse_answer: bool = field(
+        default=False,
+        metadata={
+            "help": "end a trajectory whose only search asked the original question itself (the same words once "
+            "normalized) with that search's answer, without a final step: that step would be asked the same "
+            "question again, from no new evidence. Off, the final step always runs (training rollouts train it)"
         },
     )
     temperature: float = 0.0
@@ -316,9 +325,10 @@ class StepAgent:
     @property
     def render_settings(self) -> dict:
         """How this agent renders and decodes steps; stored in every trajectory's metadata (`answer_words` only
-        where it is not free, so records written before it existed read the same)."""
+        where it is not free, and `reuse_answer` where it is on, so records written before them read the same)."""
         words = {} if self.config.answer_words == "free" else {"answer_words": self.config.answer_words}
-        return {**self.config.prompt_settings.to_dict(), "constrained": self.constrained, **words}
+        reuse = {"reuse_answer": True} if self.config.reuse_answer else {}
+        return {**self.config.prompt_settings.to_dict(), "constrained": self.constrained, **words, **reuse}
 
     # -- generation with bounded re-asking -------------------------------------------------------------------
     def _generate(
@@ -555,24 +565,44 @@ class StepAgent:
                 out[i] = r
         return out
 
+    def _reused_step(self, s: _State) -> Step | None:
+        """With `reuse_answer`, the one search whose answer ends `s` without a final step: the trajectory's only
+        search, well formed, with an answer, whose sub-question is the question itself once normalized."""
+        if not self.config.reuse_answer:
+            return None
+        searched = [step for step in s.steps if step.sub_question is not None]
+        if len(searched) != 1 or searched[0].format_errors or not searched[0].answer.strip():
+            return None
+        only = searched[0]
+        return only if normalize_answer(only.sub_question or "") == normalize_answer(s.q.question) else None
+
     def _finish(self, states: list[_State], on_event: EventCallback | None) -> list[Trajectory]:
         cfg = self.config
         live = [s for s in states if s.stop_reason != "backend_error"]
+        reused = {id(s): step for s in live if (step := self._reused_step(s)) is not None}
+        asked = [s for s in live if id(s) not in reused]
         t0 = time.perf_counter()
-        convs = [final_messages(s.q.question, s.history, s.q.images, cfg.prompt_settings) for s in live]
-        finals = self._generate(
-            live,
-            convs,
-            lambda text: parse_answer(text, require_think=cfg.require_think),
-            self._answer_params("final", convs, salt=99, states=live),
+        convs = [final_messages(s.q.question, s.history, s.q.images, cfg.prompt_settings) for s in asked]
+        finals = (
+            self._generate(
+                asked,
+                convs,
+                lambda text: parse_answer(text, require_think=cfg.require_think),
+                self._answer_params("final", convs, salt=99, states=asked),
+            )
+            if asked
+            else []
         )
         final_s = time.perf_counter() - t0
-        by_id = {id(s): f for s, f in zip(live, finals, strict=True)}
+        by_id = {id(s): f for s, f in zip(asked, finals, strict=True)}
         out = []
         for s in states:
             parsed, raw = by_id.get(id(s), (None, []))
             think, answer = "", ""
-            if parsed is not None:
+            reuse = reused.get(id(s))
+            if reuse is not None:
+                answer = reuse.answer
+            elif parsed is not None:
                 assert isinstance(parsed, AnswerParse)
                 think = parsed.think or ""
                 answer = parsed.answer if parsed.ok else (parsed.answer or strip_tags(raw[-1]) or parsed.think or "")
@@ -584,8 +614,9 @@ class StepAgent:
                 "render": self.render_settings,
                 "prompt_tokens": s.prompt_tokens,
                 "completion_tokens": s.completion_tokens,
-                "final_s": final_s,
+                "final_s": 0.0 if reuse is not None else final_s,
                 "final_errors": list(parsed.errors) if parsed is not None else [],
+                **({"final_from_step": reuse.index} if reuse is not None else {}),
             }
             if s.error:
                 meta["error"] = s.error
@@ -601,7 +632,8 @@ class StepAgent:
                 gold=s.q.answers,
                 metadata=meta,
             )
-            self._emit(on_event, s.q.id, "final", {"answer": answer, "stop_reason": s.stop_reason})
+            reused_from = {"from_step": reuse.index} if reuse is not None else {}
+            self._emit(on_event, s.q.id, "final", {"answer": answer, "stop_reason": s.stop_reason, **reused_from})
             out.append(traj)
         return out
 

@@ -277,6 +277,7 @@ AGENT_NEW_AT_DEFAULT = {
     "route_prior": Gate(0, ("route_prior_encoder", "route_prior_size")),  # off: its encoder and size term unused
     "route_prior_size": 0,  # the prior on with no size term: the affinity of the predictions cached before it existed
     "answer_words": "free",  # any answer text
+    "reuse_answer": False,  # every trajectory ends with a generated final step
 }
 
 
