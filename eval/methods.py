@@ -107,7 +107,7 @@ class _Counter:
         if not idx:
             return []
         ebnf: str | tuple[str, ...] | None = grammar.ebnf if grammar else None
-        if grammar is not None and "answer_chars" in grammar.limits and self.ctx.agent.answer_words != "free":
+        if grammar is not None and grammar.kind == "answer" and self.ctx.agent.answer_words != "free":
             # an answer step: one grammar per prompt's words (`found` reads as `shown`: no intermediate answers here)
             labels = [kb.name for kb in self.ctx.kbs.values()]
             ebnf = shown_answer_grammars([last_user_text(c) for c in convs], tokens, labels)

@@ -51,6 +51,7 @@ class StepGrammar:
     ebnf: str
     max_tokens: int  # upper bound on tokens of a complete output, end-of-sequence included
     limits: dict[str, int]
+    kind: str  # "plan", "route" or "answer" (an answer or final step: `<think>` + `<answer>`)
 
 
 def _literal(text: str) -> str:
@@ -104,7 +105,7 @@ def plan_grammar(kb_names: tuple[str, ...], budget_tokens: int, allow_stop: bool
         _field("question", question_chars - 1),
     ])  # fmt: skip
     bound = fixed + _BYTES_PER_CHAR * (think_chars + question_chars) + 1
-    return StepGrammar(ebnf, bound, {"think_chars": think_chars, "sub_question_chars": question_chars})
+    return StepGrammar(ebnf, bound, {"think_chars": think_chars, "sub_question_chars": question_chars}, kind="plan")
 
 
 @lru_cache(maxsize=64)
@@ -117,7 +118,7 @@ def route_grammar(kb_names: tuple[str, ...]) -> StepGrammar:
     choices = " | ".join(_literal(n) for n in (*kb_names, "None"))
     ebnf = f"root ::= {_literal(f'<{RET}>')} ({choices}) {_literal(f'</{RET}>')}"
     bound = _fixed_bytes([f"<{RET}>", f"</{RET}>"]) + max(len(n.encode()) for n in (*kb_names, "None")) + 1
-    return StepGrammar(ebnf, bound, {})
+    return StepGrammar(ebnf, bound, {}, kind="route")
 
 
 # `agent.answer_words`: any characters; words of the prompt the step read; the same, but a final answer's words come
@@ -187,7 +188,7 @@ def answer_grammar(budget_tokens: int, words: tuple[str, ...] | None = None) -> 
         limits["answer_words"] = n
     ebnf = "\n".join(rules)
     bound = fixed + _BYTES_PER_CHAR * (think_chars + answer_chars) + 1
-    return StepGrammar(ebnf, bound, limits)
+    return StepGrammar(ebnf, bound, limits, kind="answer")
 
 
 def shown_answer_grammars(prompts: Sequence[str], budget_tokens: int, labels: Sequence[str]) -> tuple[str, ...]:
