@@ -8,6 +8,7 @@
 - `FakePolicy`: the eval fake, which answers every prompt format the eval methods use (plan, router, one sentence at a
   time, answer, final) with word-count token figures; the eval report tests pin the figures it gives.
 - `FakeRetriever`: docs ranked by shared words with the query.
+- `RecordsParams`: a mixin that makes a fake policy take grammars and record the params of every call.
 
 `tests/chaos/fake_server.py` is not here: it is a real `kbrouter serve` process, not a fake.
 """
@@ -26,6 +27,17 @@ from retrievers.types import Doc, Hit, Query, as_queries
 
 # a conversation -> the reply text; with `ScriptedPolicy(ordinal=True)`: (conversation, ordinal) -> the reply text
 Script = Callable[[list[dict]], str] | Callable[[list[dict], int], str]
+
+
+class RecordsParams:
+    """Mixin for a fake policy (`class P(RecordsParams, ScriptedPolicy)`): it claims structured output, so the agent
+    and the baselines send their grammars, and keeps every call's `SamplingParams` in `params`."""
+
+    supports_grammar = True
+
+    def generate(self, conversations, params):  # noqa: ANN001, ANN201
+        self.__dict__.setdefault("params", []).append(params)
+        return super().generate(conversations, params)  # type: ignore[misc] - the fake policy mixed in after
 
 
 class ScriptedPolicy:

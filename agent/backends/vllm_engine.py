@@ -65,9 +65,10 @@ class VLLMPolicy:
     def generate(self, conversations: list[list[Message]], params: SamplingParams) -> list[Completion]:
         from agent.backends.openai_compat import to_openai_messages
 
-        # one SamplingParams per conversation when each has its own grammar (`agent.answer_words: shown`)
-        rows = per_row_params(params, len(conversations))
-        sp = [self._sampling(p) for p in rows] if isinstance(params.grammar, tuple) else self._sampling(params)
+        if isinstance(params.grammar, tuple):  # each conversation its own grammar (`agent.answer_words: shown`)
+            sp = [self._sampling(p) for p in per_row_params(params, len(conversations))]
+        else:
+            sp = self._sampling(params)
         outputs = self.llm.chat([to_openai_messages(c) for c in conversations], sp, use_tqdm=False)
         return [
             Completion(

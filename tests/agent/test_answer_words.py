@@ -14,7 +14,7 @@ from agent.protocol import answer_grammar, answer_messages, parse_answer, shown_
 from agent.types import Question
 from retrievers.types import Doc, Hit
 from tests.agent.test_constrained import random_model, tokenizer  # noqa: F401 - module fixtures
-from tests.fakes import FakeRetriever, ScriptedPolicy
+from tests.fakes import FakeRetriever, RecordsParams, ScriptedPolicy
 
 TABLE = (
     "The French Connection (film)\nAward | Category | Nominee | Result\n"
@@ -137,16 +137,8 @@ def test_openai_policy_sends_each_request_its_own_grammar():
     assert sorted(seen) == [("one", 'root ::= "1"'), ("three", 'root ::= "3"'), ("two", 'root ::= "2"')]
 
 
-class _GrammarPolicy(ScriptedPolicy):
-    supports_grammar = True
-
-    def __init__(self, script):
-        super().__init__(script)
-        self.params = []
-
-    def generate(self, conversations, params):
-        self.params.append(params)
-        return super().generate(conversations, params)
+class _GrammarPolicy(RecordsParams, ScriptedPolicy):
+    pass
 
 
 def _script(conv):

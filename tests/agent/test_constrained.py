@@ -188,22 +188,20 @@ def test_constrained_on_without_structured_output_fails_before_generation():
 
 
 def test_agent_sends_the_grammar_and_records_render_settings():
-    seen = []
+    from tests.fakes import RecordsParams
 
-    class GrammarPolicy(ScriptedPolicy):
-        supports_grammar = True
-
-        def generate(self, conversations, params):
-            seen.append(params)
-            return super().generate(conversations, params)
+    class GrammarPolicy(RecordsParams, ScriptedPolicy):
+        pass
 
     def script(conv):
         if "next step" in str(conv[-1]["content"]):
             return "<think>t</think>\n<sub-question>None</sub-question>\n<ret>None</ret>"
         return "<think>t</think>\n<answer>x</answer>"
 
-    agent = StepAgent(GrammarPolicy(script), {"Text Retriever": _kb()}, AgentConfig())
+    policy = GrammarPolicy(script)
+    agent = StepAgent(policy, {"Text Retriever": _kb()}, AgentConfig())
     t = agent.run_batch([Question(id="a", question="q")])[0]
+    seen = policy.params
     assert t.stop_reason == "answered" and t.metadata["render"] == {
         "few_shot": False,
         "evidence_chars": 1200,

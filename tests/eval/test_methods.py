@@ -202,19 +202,16 @@ def test_constant_baselines_answer_yes_no_questions_only_and_never_call_the_poli
 def test_baselines_answer_in_their_prompts_words_with_answer_words_shown(fake_kbs):
     """`agent.answer_words: shown` reaches the baselines' answer steps: one grammar per question, from its own prompt;
     without a grammar it is refused before anything is generated."""
-    seen = []
+    from tests.fakes import RecordsParams
 
-    class Grammared(FakePolicy):
-        supports_grammar = True
-
-        def generate(self, conversations, params):
-            seen.append(params)
-            return super().generate(conversations, params)
+    class Grammared(RecordsParams, FakePolicy):
+        pass
 
     cfg = AgentConfig(max_steps=2, max_retries=0, constrained="on", answer_words="shown")
-    ctx = MethodContext(Grammared(), fake_kbs, cfg, seed=0, k_per_kb=1)
+    policy = Grammared()
+    ctx = MethodContext(policy, fake_kbs, cfg, seed=0, k_per_kb=1)
     available_methods(["wiki", "tables"])["rag_all"](QS, ctx)
-    [params] = seen
+    [params] = policy.params
     assert isinstance(params.grammar, tuple) and len(params.grammar) == len(QS)
     assert len(set(params.grammar)) > 1  # each question's hits give its own words
     assert all('"Paris"' in g for g in params.grammar[:1])
