@@ -216,6 +216,14 @@ def exact_match(prediction: str, golds: Sequence[str] | str) -> float:
     return float(any(pred == normalize_answer(str(g)) for g in golds))
 
 
+def shows_answer(text: str, golds: Sequence[str] | str) -> bool:
+    """Whether `text` holds a gold answer as whole words, both normalised: evidence a reader could answer from."""
+    if isinstance(golds, str):
+        golds = [golds]
+    words = f" {normalize_answer(text)} "
+    return any(g and f" {g} " in words for g in map(normalize_answer, map(str, golds)))
+
+
 def token_f1(prediction: str, golds: Sequence[str] | str) -> float:
     """SQuAD token F1 against the best gold (max over golds); 0.0 when nothing overlaps."""
     if isinstance(golds, str):

@@ -12,26 +12,16 @@ almost any table.
 from __future__ import annotations
 
 import argparse
-import re
-import string
 import sys
 from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from agent.metrics import normalize_answer, shows_answer  # noqa: E402
 from agent.protocol import FOCUS_MODES, render_hits  # noqa: E402
 from agent.types import Trajectory  # noqa: E402
 from retrievers.jsonl import read_jsonl  # noqa: E402
-
-
-def _norm(text: str) -> str:
-    return " ".join("".join(c for c in text.lower() if c not in string.punctuation).split())
-
-
-def _holds(text: str, golds: list[str]) -> bool:
-    text = _norm(text)
-    return any(re.search(rf"\b{re.escape(g)}\b", text) for g in golds)
 
 
 def count(out_dir: Path, method: str, chars: int = 250) -> dict[str, dict[str, int]]:
@@ -40,15 +30,15 @@ def count(out_dir: Path, method: str, chars: int = 250) -> dict[str, dict[str, i
     for row in read_jsonl(out_dir / "predictions.jsonl"):
         if row["method"] != method or row.get("error"):
             continue
-        golds = [g for g in map(_norm, row["gold"]) if g and g not in ("yes", "no") and not g.isdigit()]
+        golds = [g for g in map(normalize_answer, row["gold"]) if g and g not in ("yes", "no") and not g.isdigit()]
         for step in Trajectory.from_dict(row["trajectory"]).steps if golds else ():
             if not step.hits:
                 continue
             c = counts[row["dataset"]]
             c["steps"] += 1
-            c["full text"] += _holds(" ".join(h.doc.text for h in step.hits), golds)
+            c["full text"] += shows_answer(" ".join(h.doc.text for h in step.hits), golds)
             for mode in FOCUS_MODES:
-                c[mode] += _holds(render_hits(step.hits, chars, step.sub_question, mode), golds)
+                c[mode] += shows_answer(render_hits(step.hits, chars, step.sub_question, mode), golds)
     if not counts:
         sys.exit(f"no search steps of {method!r} with an open gold answer in {out_dir / 'predictions.jsonl'}")
     return counts

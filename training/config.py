@@ -91,6 +91,14 @@ class StepDataArgs:
             'e.g. {clip_notes: 240, "*": 30}: a focused stage that still replays the rest. Applied per step type.'
         },
     )
+    answers_shown: bool = field(
+        default=False,
+        metadata={
+            "help": "Keep only the intermediate-answer records whose evidence shows a gold answer (whole words, "
+            "normalised; yes/no golds kept): a reader taught to answer from what it reads, not to guess past the "
+            "evidence its rendering cut. Applied before the caps."
+        },
+    )
     sample_seed: int | None = field(
         default=None, metadata={"help": "Shuffle the records with this seed before the caps (None keeps file order)."}
     )

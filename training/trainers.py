@@ -10,10 +10,11 @@ import logging
 from pathlib import Path
 
 from agent.backends.models import warn_if_slow_bf16
-from agent.protocol import is_none
+from agent.metrics import normalize_answer, shows_answer
+from agent.protocol import answer_evidence, is_none
 from training.config import StepDataArgs, StepGRPOConfig, StepSFTConfig
 from training.kb_lists import vary_kb_lists, vary_kb_names
-from training.rewards import PLAN, RewardFunc, build_reward
+from training.rewards import ANSWER, PLAN, RewardFunc, build_reward
 from training.step_data import StepRecord, load_step_records, resolve_images
 from training.step_dataset import build_step_dataset
 
@@ -32,6 +33,11 @@ def load_records(cfg: StepDataArgs, path: str) -> list[StepRecord]:
 
         records = list(records)
         random.Random(cfg.sample_seed).shuffle(records)
+    if cfg.answers_shown:
+        kept = [r for r in records if r.step_type != ANSWER or _evidence_shows_gold(r)]
+        logger.info("answers_shown: %d answer records dropped (their evidence shows no gold answer)",
+                    len(records) - len(kept))  # fmt: skip
+        records = kept
     if cfg.balance_plan_decisions:
         records = _balance_plan_decisions(records)
     if cfg.max_per_dataset:
@@ -69,6 +75,12 @@ def _cap_per_dataset(records: list[StepRecord], caps: dict) -> list[StepRecord]:
         return r.metadata.get("dataset", "")
 
     return _cap(records, lambda r: (dataset(r), r.step_type), lambda r: caps.get(dataset(r), caps.get("*")))
+
+
+def _evidence_shows_gold(r: StepRecord) -> bool:
+    golds = [str(g) for g in r.gold.get("answers", [])]
+    yes_no = any(normalize_answer(g) in ("yes", "no") for g in golds)
+    return yes_no or shows_answer(answer_evidence(r.messages), golds)
 
 
 def _gold_stops(r: StepRecord) -> bool:

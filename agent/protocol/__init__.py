@@ -22,6 +22,7 @@ from agent.protocol.prompts import (
     PLAN_SYSTEM,
     PromptSettings,
     add_evidence_images,
+    answer_evidence,
     answer_messages,
     evidence_image_paths,
     final_messages,
@@ -58,7 +59,7 @@ from agent.protocol.tags import (
 __all__ = [
     "ANSWER", "ANSWER_WORDS", "AnswerParse", "DEFAULT_PROMPT", "FINAL_SYSTEM", "FOCUS_MODES", "FORMAT_ERRORS", "NONE_WORDS", "PLAN_SYSTEM",
     "PlanParse", "PromptSettings", "RET", "STOP_PLAN", "SUB_QUESTION", "StepGrammar", "THINK",
-    "add_evidence_images", "answer_grammar", "answer_messages", "check_answer_words", "check_display_name", "check_focus_mode", "evidence_image_paths",
+    "add_evidence_images", "answer_evidence", "answer_grammar", "answer_messages", "check_answer_words", "check_display_name", "check_focus_mode", "evidence_image_paths",
     "final_messages", "fit_answer", "fit_plan", "format_answer", "format_plan", "history_lines", "is_none",
     "kb_list", "normalize_kb", "parse_answer", "parse_plan", "plan_grammar", "plan_kb_list", "plan_messages",
     "render_hits", "ret_choice", "ret_content", "ret_prefix", "ret_span", "route_grammar", "shown_answer_grammars", "shown_words", "strip_tags", "with_format_reminder", "with_kb_list",

@@ -296,6 +296,15 @@ def answer_messages(
     return [{"role": "system", "content": ANSWER_SYSTEM}, *shots, _user(user, images)]
 
 
+def answer_evidence(messages: Sequence[Message]) -> str:
+    """The evidence block of an intermediate-answer prompt (`answer_messages`), without its question; "" for none."""
+    user = messages[-1]["content"] if messages else ""
+    if not isinstance(user, str):  # multimodal content: the text parts
+        user = "\n".join(part.get("text", "") for part in user if isinstance(part, dict))
+    head, sep, rest = user.partition("Evidence:\n")
+    return rest.rpartition("\n\nQuestion: ")[0] if sep and not head.strip() else ""
+
+
 def final_messages(
     question: str,
     history: Sequence[tuple[str, str]],
