@@ -317,10 +317,13 @@ class StepAgent:
         tokens = self.config.answer_tokens if step == "answer" else self.config.final_tokens
         labels = [kb.name for kb in self.kbs.values()]
         texts = [last_user_text(c) for c in convs]
+        bounds: list[int | None] = []
         if step == "final" and self.config.answer_words == "found":
             found = [" ".join(a for _, a in s.history) for s in states]
             texts = [f if shown_words(f, labels) else t for f, t in zip(found, texts, strict=True)]
-        return replace(params, grammar=shown_answer_grammars(texts, tokens, labels))
+            # a final built from the intermediate answers is no longer than they are: it cannot loop through them
+            bounds = [len(f.split()) if f == t else None for f, t in zip(found, texts, strict=True)]
+        return replace(params, grammar=shown_answer_grammars(texts, tokens, labels, bounds))
 
     @property
     def render_settings(self) -> dict:

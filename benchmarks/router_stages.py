@@ -17,6 +17,9 @@ standard error (paired over the same prompts).
         --stages grpo names=runs/train/smollm2_router_sft_names   # first-step routing under other KB names
     python benchmarks/router_stages.py --routing --recipe configs/train/smollm2_router_grpo_onestage_lora_cpu.yaml \
         --stages base sft=runs/train/smollm2_router_sft_onestage grpo=runs/train/smollm2_router_grpo_onestage
+    python benchmarks/router_stages.py --constrained --step-types answer --recipe \
+        configs/train/smollm2_router_grpo3_lora_cpu.yaml --heldout runs/synth/annotation_250/steps_heldout.jsonl \
+        --stages grpo reader=runs/train/smollm2_router_sft_reader --pair grpo reader   # answer steps, stop 46
 
 A stage is a name of STAGES below or NAME=ADAPTER_DIR. The step types scored are the recipe's `step_types` (plan and
 final where it names none); intermediate-answer steps are scored by the recipe's answer reward.
@@ -135,22 +138,26 @@ def first_step_routing(policy, records, budget: int) -> dict[str, tuple[int, int
     return out
 
 
-def print_paired(results: dict[str, dict[str, list]], keys: list[str]) -> None:
-    """GRPO - SFT per component, paired over the prompts both scored, with its verdict against 2 s.e."""
+def print_paired(results: dict[str, dict[str, list]], keys: list[str], first: str, then: str) -> None:
+    """`then` - `first` per component, paired over the prompts both scored, with its verdict against 2 s.e."""
     for k in keys:
-        pairs = [(a, b) for a, b in zip(results["sft"][k], results["grpo"][k], strict=True)
+        pairs = [(a, b) for a, b in zip(results[first][k], results[then][k], strict=True)
                  if a is not None and b is not None]  # fmt: skip
         m, se = mean_se([b - a for a, b in pairs])
-        verdict = "beats SFT by > 2 s.e." if m > 2 * se else "does NOT beat SFT by > 2 s.e."
-        print(f"GRPO - SFT {k:18s} {m:+.3f} ± {se:.3f} (paired, n={len(pairs)}): {verdict}", flush=True)
+        verdict = f"beats {first} by > 2 s.e." if m > 2 * se else f"does NOT beat {first} by > 2 s.e."
+        print(f"{then} - {first} {k:18s} {m:+.3f} ± {se:.3f} (paired, n={len(pairs)}): {verdict}", flush=True)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--heldout", default="runs/synth/annotation_cpu/steps_heldout.jsonl")
     ap.add_argument("--recipe", default="configs/train/smollm2_router_grpo_lora_cpu.yaml")
-    stage_help = "a name of STAGES or NAME=ADAPTER_DIR; `sft` and `grpo` are compared paired"
+    stage_help = "a name of STAGES or NAME=ADAPTER_DIR; the two stages of --pair are compared paired"
     ap.add_argument("--stages", nargs="+", default=list(STAGES.items()), type=parse_stage, help=stage_help)
+    ap.add_argument("--pair", nargs=2, default=["sft", "grpo"], metavar=("FIRST", "THEN"),
+                    help="the two stages compared paired, THEN - FIRST (default: sft grpo)")  # fmt: skip
+    ap.add_argument("--step-types", nargs="+", default=None, choices=["plan", "answer", "final"],
+                    help="the step types scored (default: the recipe's `step_types`, else plan and final)")  # fmt: skip
     ap.add_argument("--limit", type=int, default=None, help="at most N prompts per step type")
     ap.add_argument("--routing", action="store_true", help="also first-step KB accuracy (constrained, see above)")
     ap.add_argument("--constrained", action="store_true",
@@ -173,7 +180,7 @@ def main() -> None:
     specs = [RewardSpec.from_dict(d) for d in recipe["rewards"]]
     funcs = [build_reward(s.name, **{**s.kwargs, "gate": True} if s.name != "format" else s.kwargs) for s in specs]
     weights = [s.weight for s in specs]
-    step_types = tuple(recipe.get("step_types") or ("plan", "final"))
+    step_types = tuple(args.step_types or recipe.get("step_types") or ("plan", "final"))
     records = [r for r in load_step_records(str(REPO / args.heldout), "steps") if r.step_type in step_types]
     if args.limit:
         kept, seen = [], {}
@@ -212,8 +219,8 @@ def main() -> None:
             right, asked = (sum(v[i] for v in routing[stage].values()) for i in (0, 1))
             print(f"[{stage}] first-step KB accuracy {right}/{asked}", flush=True)
         del policy
-        if stage in ("sft", "grpo") and {"sft", "grpo"} <= set(results):
-            print_paired(results, keys)  # printed once, as soon as both are scored
+        if stage in args.pair and set(args.pair) <= set(results):
+            print_paired(results, keys, *args.pair)  # printed once, as soon as both are scored
     counts = " + ".join(f"{sum(r.step_type == t for r in records)} {t}" for t in step_types)
     decoding = "constrained by the step grammars" if args.constrained else "unconstrained"
     print(f"held-out steps: {counts} prompts from {args.heldout} (greedy, {decoding})")

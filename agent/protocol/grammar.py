@@ -159,12 +159,15 @@ def shown_words(text: str, labels: Sequence[str] = ()) -> tuple[str, ...]:
 
 
 @lru_cache(maxsize=256)
-def answer_grammar(budget_tokens: int, words: tuple[str, ...] | None = None) -> StepGrammar:
+def answer_grammar(
+    budget_tokens: int, words: tuple[str, ...] | None = None, max_words: int | None = None
+) -> StepGrammar:
     """The answer/final grammar, sized to close within `budget_tokens`.
 
     With `words` (`shown_words` of the step's prompt) the answer is a phrase of those words, yes/no or numbers,
     separated by spaces or commas (`agent.answer_words: shown`): a reader that cannot invent a name it was not shown.
-    The think stays free. Bounded like the free answer: the phrase has at most as many bytes as its characters would.
+    The think stays free. Bounded like the free answer: the phrase has at most as many bytes as its characters would,
+    and at most `max_words` words when given (a `found` final: no longer than the answers it is built from).
     """
     open_think, mid, close = f"<{THINK}>", f"</{THINK}>\n<{ANSWER}>", f"</{ANSWER}>"
     fixed = _fixed_bytes([open_think, mid, close])
@@ -179,7 +182,12 @@ def answer_grammar(budget_tokens: int, words: tuple[str, ...] | None = None) -> 
     else:
         vocab = tuple(dict.fromkeys((*_YES_NO, *words)))
         widest = max(6, *(len(w.encode()) for w in vocab))  # 6: the number's digits
-        n = max(1, min(_MAX_ANSWER_WORDS, (_BYTES_PER_CHAR * answer_chars + 2) // (widest + 2)))
+        n = max(
+            1,
+            min(
+                _MAX_ANSWER_WORDS, max_words or _MAX_ANSWER_WORDS, (_BYTES_PER_CHAR * answer_chars + 2) // (widest + 2)
+            ),
+        )
         rules += [
             f"answer ::= word (sep word){{0,{n - 1}}}",
             'sep ::= " " | ", "',
@@ -191,10 +199,17 @@ def answer_grammar(budget_tokens: int, words: tuple[str, ...] | None = None) -> 
     return StepGrammar(ebnf, bound, limits, kind="answer")
 
 
-def shown_answer_grammars(prompts: Sequence[str], budget_tokens: int, labels: Sequence[str]) -> tuple[str, ...]:
+def shown_answer_grammars(
+    prompts: Sequence[str], budget_tokens: int, labels: Sequence[str], max_words: Sequence[int | None] = ()
+) -> tuple[str, ...]:
     """One answer grammar per prompt (the text of the user turn each step answers), its answer made of that prompt's
-    words (`agent.answer_words: shown`): what the step loop and the eval baselines send as a per-conversation tuple."""
-    return tuple(answer_grammar(budget_tokens, shown_words(p, tuple(labels))).ebnf for p in prompts)
+    words (`agent.answer_words: shown`): what the step loop and the eval baselines send as a per-conversation tuple.
+    `max_words[i]` bounds the i-th answer's word count (None or left out: the grammar's own bound)."""
+    bounds = [*max_words, *[None] * (len(prompts) - len(max_words))]
+    return tuple(
+        answer_grammar(budget_tokens, shown_words(p, tuple(labels)), n).ebnf
+        for p, n in zip(prompts, bounds, strict=True)
+    )
 
 
 def _clean(text: str) -> str:

@@ -10,7 +10,7 @@ import pytest
 
 from agent.backends.base import Completion, SamplingParams, check_grammar_rows, per_row_params, row_params
 from agent.loop import AgentConfig, StepAgent
-from agent.protocol import answer_grammar, answer_messages, parse_answer, shown_words
+from agent.protocol import answer_grammar, answer_messages, parse_answer, shown_answer_grammars, shown_words
 from agent.types import Question
 from retrievers.types import Doc, Hit
 from tests.agent.test_constrained import random_model, tokenizer  # noqa: F401 - module fixtures
@@ -198,3 +198,14 @@ def test_found_gives_the_final_step_the_words_of_the_intermediate_answers():
     [final] = next(p for p in policy.params if p.step == "final").grammar
     assert '"William"' in answer.grammar[0] and '"directed"' in answer.grammar[0]
     assert '"Friedkin"' in final and '"William"' not in final and '"film"' not in final  # not the question's words
+    assert "answer ::= word (sep word){0,0}" in final  # one intermediate word: a one-word final, no loop through it
+
+
+def test_a_word_bound_caps_the_answer_phrase():
+    words = ("Rose", "McGowan", "Charmed")
+    assert answer_grammar(512, words).limits["answer_words"] == 24
+    assert answer_grammar(512, words, 2).limits["answer_words"] == 2
+    assert shown_answer_grammars(["Rose McGowan", "Charmed"], 512, [], [2]) == (
+        answer_grammar(512, ("Rose", "rose", "McGowan", "mcgowan"), 2).ebnf,
+        answer_grammar(512, ("Charmed", "charmed")).ebnf,  # no bound given: the grammar's own
+    )
