@@ -5,8 +5,8 @@ Every model answers every held-out plan and final step prompt greedily, *unconst
 measures what the model learned, not what the grammar enforces), and is scored by the Step-GRPO recipe's rewards.
 `--constrained` decodes each step under its grammar instead, as the agent does (`agent.constrained`): every step is
 then well formed, and the reward measures the decisions and the answers the user gets.
-Prints the mean and standard error of each component per stage, and the paired GRPO - SFT difference with its
-standard error (paired over the same prompts).
+Prints the mean and standard error of each component per stage, and the paired difference of the two `--pair`
+stages (GRPO - SFT by default) with its standard error (paired over the same prompts).
 
     python benchmarks/router_stages.py                 # ~10 min on 2 cores (3 models x ~90 prompts)
     python benchmarks/router_stages.py --limit 40 --stages sft grpo

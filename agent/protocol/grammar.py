@@ -182,12 +182,8 @@ def answer_grammar(
     else:
         vocab = tuple(dict.fromkeys((*_YES_NO, *words)))
         widest = max(6, *(len(w.encode()) for w in vocab))  # 6: the number's digits
-        n = max(
-            1,
-            min(
-                _MAX_ANSWER_WORDS, max_words or _MAX_ANSWER_WORDS, (_BYTES_PER_CHAR * answer_chars + 2) // (widest + 2)
-            ),
-        )
+        cap = min(_MAX_ANSWER_WORDS, max_words or _MAX_ANSWER_WORDS)
+        n = max(1, min(cap, (_BYTES_PER_CHAR * answer_chars + 2) // (widest + 2)))
         rules += [
             f"answer ::= word (sep word){{0,{n - 1}}}",
             'sep ::= " " | ", "',
