@@ -320,9 +320,10 @@ class StepAgent:
         bounds: list[int | None] = []
         if step == "final" and self.config.answer_words == "found":
             found = [" ".join(a for _, a in s.history) for s in states]
-            texts = [f if shown_words(f, labels) else t for f, t in zip(found, texts, strict=True)]
+            from_answers = [bool(shown_words(f, labels)) for f in found]
+            texts = [f if use else t for f, t, use in zip(found, texts, from_answers, strict=True)]
             # a final built from the intermediate answers is no longer than they are: it cannot loop through them
-            bounds = [len(f.split()) if f == t else None for f, t in zip(found, texts, strict=True)]
+            bounds = [len(f.split()) if use else None for f, use in zip(found, from_answers, strict=True)]
         return replace(params, grammar=shown_answer_grammars(texts, tokens, labels, bounds))
 
     @property
