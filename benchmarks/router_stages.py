@@ -46,13 +46,13 @@ sys.path.insert(0, str(REPO))
 
 STAGES = {
     "base": None,
-    "sft1": "runs/train/smollm2_router_sft",
-    "sft1b": "runs/train/smollm2_router_sft_decisions",
-    "sft1c": "runs/train/smollm2_router_sft_routing",
-    "sft": "runs/train/smollm2_router_sft_video",
+    "sft1": "runs/train/chain/sft",
+    "sft1b": "runs/train/chain/sft_decisions",
+    "sft1c": "runs/train/chain/sft_routing",
+    "sft": "runs/train/chain/sft_video",
     "grpo": "models/smollm2-kbrouter",
-}  # sft1: stage 1 alone; sft1b: + decision-weighted; sft1c: + varied KB lists, routing records; sft: + 1d (short clip
-# questions): the SFT stage the shipped Step-GRPO router starts from
+}  # the stages of `bash scripts/train_chain.sh` (stop 47): sft1: stage 1 alone; sft1b: + decision-weighted; sft1c: +
+# varied KB lists, routing records; sft: + 1d (short clip questions), where Step-GRPO starts; grpo: the shipped router
 
 
 def parse_stage(arg: str) -> tuple[str, str | None]:
