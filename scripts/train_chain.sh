@@ -22,13 +22,17 @@ PY=${PYTHON:-.venv/bin/python}
 TIMES=${CHAIN_TIMES:-runs/train/chain_times.tsv}
 mkdir -p "$(dirname "$TIMES")"
 
-for item in "$@"; do
+for item in "$@"; do  # every item checked before the first stage trains
     stage=${item%%:*}
-    recipe=${item#*:}
-    if [[ "$stage" != sft && "$stage" != grpo ]] || [[ ! -f "$recipe" ]]; then
+    if [[ "$stage" != sft && "$stage" != grpo ]] || [[ ! -f "${item#*:}" ]]; then
         echo "train_chain: '$item' is not STAGE:RECIPE with STAGE sft or grpo and RECIPE an existing file" >&2
         exit 2
     fi
+done
+
+for item in "$@"; do
+    stage=${item%%:*}
+    recipe=${item#*:}
     # the recipe's output_dir, with its `base:` chain applied (one reader of recipes: training.config.read_recipe)
     out=$("$PY" -c 'import sys; from training.config import read_recipe; print(read_recipe(sys.argv[1])["output_dir"])' "$recipe")
     if [[ -f "$out/adapter_model.safetensors" ]]; then
@@ -39,8 +43,12 @@ for item in "$@"; do
     echo "train_chain: $stage $recipe -> $out"
     start=$(date +%s)
     rc=0
-    /usr/bin/time -f '%M' -o "$out.rss" "$PY" -m training.cli "$stage" --config "$recipe" \
-        --resume_from_checkpoint true || rc=$?   # the newest complete checkpoint, or from scratch if none
+    # resume from the newest complete checkpoint, or start from scratch if none; the peak RSS (KiB) of the training
+    # process is what getrusage reports for the children (no /usr/bin/time needed)
+    "$PY" -c 'import resource, subprocess, sys
+rc = subprocess.call([sys.executable, "-m", "training.cli", *sys.argv[2:]])
+open(sys.argv[1], "w").write(f"{resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}\n")
+sys.exit(rc)' "$out.rss" "$stage" --config "$recipe" --resume_from_checkpoint true || rc=$?
     printf '%s\t%s\t%s\t%s\t%s\n' "$stage" "$recipe" "$(($(date +%s) - start))" "$(tail -1 "$out.rss" 2>/dev/null)" "$rc" >> "$TIMES"
     rm -f "$out.rss"
     if [[ $rc -ne 0 ]]; then

@@ -46,6 +46,7 @@ def test_a_bad_stage_is_named_before_anything_trains(tmp_path: Path) -> None:
     bad = _run([f"dpo:{CPU_SFT_RECIPE}"], tmp_path / "times.tsv")
     assert bad.returncode == 2
     assert f"'dpo:{CPU_SFT_RECIPE}' is not STAGE:RECIPE" in bad.stderr
-    missing = _run([f"sft:{tmp_path / 'nope.yaml'}"], tmp_path / "times.tsv")
-    assert missing.returncode == 2 and "nope.yaml" in missing.stderr
+    # a bad second item stops the chain before the good first one trains
+    missing = _run([f"sft:{CPU_SFT_RECIPE}", f"sft:{tmp_path / 'nope.yaml'}"], tmp_path / "times.tsv")
+    assert missing.returncode == 2 and "nope.yaml" in missing.stderr and "train_chain: sft" not in missing.stdout
     assert not (tmp_path / "times.tsv").exists()
