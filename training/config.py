@@ -243,6 +243,12 @@ class StepGRPOConfig(GRPOConfig, StepDataArgs):
                           "agent decodes: the group's reward differences then come from decisions and answers, not "
                           "tags (training/constrained_rollouts.py). transformers generation only."},
     )  # fmt: skip
+    skip_zero_advantage: bool = field(
+        default=True,
+        metadata={"help": "Leave the rows whose advantage is 0 (groups with equal rewards) out of the loss's forward "
+                          "and backward: the same gradient, less compute. Off by itself where such rows still count "
+                          "(beta > 0, an entropy term, images, several processes): training/zero_advantage.py."},
+    )  # fmt: skip
     rollout_min_steps: int = field(
         default=0,
         metadata={"help": "With `constrained_rollouts`: plan rows with `step_index` below N are sampled without the "

@@ -444,7 +444,13 @@ def build_online_grpo_trainer(cfg: StepGRPOConfig):
     import datasets
 
     from agent.kbs import kb_configs, load_knowledge_bases
-    from training.trainers import is_vision_language, load_processing_class, make_trainer, resolve_model_path
+    from training.trainers import (
+        grpo_trainer_class,
+        is_vision_language,
+        load_processing_class,
+        make_trainer,
+        resolve_model_path,
+    )
 
     settings = cfg.online_settings()
     kb_file = Path(settings.kb)
@@ -465,7 +471,7 @@ def build_online_grpo_trainer(cfg: StepGRPOConfig):
     logger.info("online Step-GRPO on %d questions, KBs %s, G=%d", len(questions), list(kbs), cfg.num_generations)
     cfg.reward_weights = [*[s.weight for s in cfg.reward_specs()], settings.outcome_weight]
     online = OnlineRun(settings, kbs, questions, rewards)
-    trainer = make_trainer(online_trainer_class(), cfg, model_path, processing_class, ds, reward_funcs=rewards,
+    trainer = make_trainer(grpo_trainer_class(online_trainer_class(), cfg), cfg, model_path, processing_class, ds, reward_funcs=rewards,
                            rollout_func=online.rollout_func)  # fmt: skip
     trainer.online = online
     trainer.add_callback(timing_callback(trainer))

@@ -200,6 +200,13 @@ def make_trainer(trainer_cls, cfg, model_path: str, processing_class, train_data
                        peft_config=cfg.lora_config(), **kwargs)  # fmt: skip
 
 
+def grpo_trainer_class(trainer_cls: type, cfg: StepGRPOConfig) -> type:
+    """`trainer_cls`, skipping zero-advantage rows in the loss where the recipe asks (`skip_zero_advantage`)."""
+    from training.zero_advantage import with_zero_advantage_skip
+
+    return with_zero_advantage_skip(trainer_cls) if cfg.skip_zero_advantage else trainer_cls
+
+
 def build_grpo_trainer(cfg: StepGRPOConfig):
     """Step-GRPO: `trl.GRPOTrainer` over step prompts with the recipe's rewards."""
     from trl import GRPOTrainer
@@ -213,7 +220,7 @@ def build_grpo_trainer(cfg: StepGRPOConfig):
     logger.info("Step-GRPO on %d step prompts (%s)", len(train_ds), dict(_count(train_ds["step_type"])))
     names = plan_kb_names(train_ds)
     if not cfg.constrained_rollouts:
-        trainer = make_trainer(GRPOTrainer, cfg, model_path, processing_class, train_ds, eval_dataset=eval_ds,
+        trainer = make_trainer(grpo_trainer_class(GRPOTrainer, cfg), cfg, model_path, processing_class, train_ds, eval_dataset=eval_ds,
                                reward_funcs=rewards)  # fmt: skip
         trainer.kb_names = names
         return trainer
@@ -221,7 +228,7 @@ def build_grpo_trainer(cfg: StepGRPOConfig):
 
     rollouts = ConstrainedRollouts(cfg.grammar_tokens, min_steps=cfg.rollout_min_steps)
     logger.info("rollouts sampled under the step grammars of %s tokens", cfg.grammar_tokens)
-    trainer = make_trainer(constrained_trainer_class(), cfg, model_path, processing_class, train_ds,
+    trainer = make_trainer(grpo_trainer_class(constrained_trainer_class(), cfg), cfg, model_path, processing_class, train_ds,
                            eval_dataset=eval_ds, reward_funcs=rewards, rollout_func=rollouts.rollout_func)  # fmt: skip
     trainer.constrained = rollouts
     trainer.kb_names = names
