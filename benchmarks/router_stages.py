@@ -144,8 +144,19 @@ def print_paired(results: dict[str, dict[str, list]], keys: list[str], first: st
         pairs = [(a, b) for a, b in zip(results[first][k], results[then][k], strict=True)
                  if a is not None and b is not None]  # fmt: skip
         m, se = mean_se([b - a for a, b in pairs])
-        verdict = f"beats {first} by > 2 s.e." if m > 2 * se else f"does NOT beat {first} by > 2 s.e."
-        print(f"{then} - {first} {k:18s} {m:+.3f} ± {se:.3f} (paired, n={len(pairs)}): {verdict}", flush=True)
+        print(f"{then} - {first} {k:18s} {m:+.3f} ± {se:.3f} (paired, n={len(pairs)}): "
+              f"{pair_verdict(first, then, m, se)}", flush=True)  # fmt: skip
+
+
+def pair_verdict(first: str, then: str, m: float, se: float) -> str:
+    """Which stage is ahead by more than 2 s.e., named in words: stops 47 and 48 each gave `--pair` in the other order
+    and read a bare "does NOT beat" the wrong way round."""
+    z = m / se if se else (0.0 if m == 0 else math.copysign(math.inf, m))
+    if z > 2:
+        return f"{then} above {first} by > 2 s.e. ({z:.1f})"
+    if z < -2:
+        return f"{first} above {then} by > 2 s.e. ({-z:.1f})"
+    return f"neither is ahead by > 2 s.e. ({then} - {first} = {z:+.1f} s.e.)"
 
 
 def main() -> None:
