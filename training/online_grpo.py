@@ -471,7 +471,8 @@ def build_online_grpo_trainer(cfg: StepGRPOConfig):
     logger.info("online Step-GRPO on %d questions, KBs %s, G=%d", len(questions), list(kbs), cfg.num_generations)
     cfg.reward_weights = [*[s.weight for s in cfg.reward_specs()], settings.outcome_weight]
     online = OnlineRun(settings, kbs, questions, rewards)
-    trainer = make_trainer(grpo_trainer_class(online_trainer_class(), cfg), cfg, model_path, processing_class, ds, reward_funcs=rewards,
+    trainer_cls = grpo_trainer_class(online_trainer_class(), cfg)
+    trainer = make_trainer(trainer_cls, cfg, model_path, processing_class, ds, reward_funcs=rewards,
                            rollout_func=online.rollout_func)  # fmt: skip
     trainer.online = online
     trainer.add_callback(timing_callback(trainer))

@@ -220,16 +220,17 @@ def build_grpo_trainer(cfg: StepGRPOConfig):
     logger.info("Step-GRPO on %d step prompts (%s)", len(train_ds), dict(_count(train_ds["step_type"])))
     names = plan_kb_names(train_ds)
     if not cfg.constrained_rollouts:
-        trainer = make_trainer(grpo_trainer_class(GRPOTrainer, cfg), cfg, model_path, processing_class, train_ds, eval_dataset=eval_ds,
-                               reward_funcs=rewards)  # fmt: skip
+        trainer = make_trainer(grpo_trainer_class(GRPOTrainer, cfg), cfg, model_path, processing_class, train_ds,
+                               eval_dataset=eval_ds, reward_funcs=rewards)  # fmt: skip
         trainer.kb_names = names
         return trainer
     from training.constrained_rollouts import ConstrainedRollouts, constrained_trainer_class
 
     rollouts = ConstrainedRollouts(cfg.grammar_tokens, min_steps=cfg.rollout_min_steps)
     logger.info("rollouts sampled under the step grammars of %s tokens", cfg.grammar_tokens)
-    trainer = make_trainer(grpo_trainer_class(constrained_trainer_class(), cfg), cfg, model_path, processing_class, train_ds,
-                           eval_dataset=eval_ds, reward_funcs=rewards, rollout_func=rollouts.rollout_func)  # fmt: skip
+    trainer_cls = grpo_trainer_class(constrained_trainer_class(), cfg)
+    trainer = make_trainer(trainer_cls, cfg, model_path, processing_class, train_ds, eval_dataset=eval_ds,
+                           reward_funcs=rewards, rollout_func=rollouts.rollout_func)  # fmt: skip
     trainer.constrained = rollouts
     trainer.kb_names = names
     return trainer

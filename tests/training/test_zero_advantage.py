@@ -20,10 +20,15 @@ EXACT = ["--beta", "0", "--entropy_coef", "0", "--gradient_checkpointing", "fals
          "--save_strategy", "no"]  # fmt: skip
 
 
+def recipe(steps_file, output_dir, *args: str):
+    """The CPU smoke recipe on `steps_file`, with `args` (default EXACT: beta 0, no entropy bonus) as its flags."""
+    flags = ["--train_file", str(steps_file), "--train_format", "steps", "--output_dir", str(output_dir)]
+    return load_config("grpo", CPU_GRPO_RECIPE, [*flags, *(args or EXACT)])
+
+
 @pytest.fixture(scope="module")
 def trainer(smollm2_dir, short_steps_file, tmp_path_factory):
-    cfg = load_config("grpo", CPU_GRPO_RECIPE, ["--train_file", str(short_steps_file), "--train_format", "steps",
-                                                 "--output_dir", str(tmp_path_factory.mktemp("grpo")), *EXACT])  # fmt: skip
+    cfg = recipe(short_steps_file, tmp_path_factory.mktemp("grpo"))
     trainer = build_grpo_trainer(cfg)
     assert isinstance(trainer, ZeroAdvantageSkip)
     trainer.model.train()
@@ -100,9 +105,8 @@ def test_rows_are_kept_by_any_nonzero_advantage_and_scalars_pass_through():
 
 
 def test_a_kl_term_keeps_every_row(smollm2_dir, short_steps_file, tmp_path, caplog):
-    args = [a if a != "0" or EXACT[i - 1] != "--beta" else "0.04" for i, a in enumerate(EXACT)]
-    cfg = load_config("grpo", CPU_GRPO_RECIPE, ["--train_file", str(short_steps_file), "--train_format", "steps",
-                                                 "--output_dir", str(tmp_path), "--max_steps", "1", *args])  # fmt: skip
+    cfg = recipe(short_steps_file, tmp_path, "--max_steps", "1", *EXACT, "--beta", "0.04")  # the last flag wins
+    assert cfg.beta == 0.04
     trainer = build_grpo_trainer(cfg)
     with caplog.at_level("INFO", logger="training.zero_advantage"):
         train(trainer, cfg)
@@ -111,8 +115,7 @@ def test_a_kl_term_keeps_every_row(smollm2_dir, short_steps_file, tmp_path, capl
 
 
 def test_training_with_the_skip_logs_the_share_it_skipped(smollm2_dir, short_steps_file, tmp_path):
-    cfg = load_config("grpo", CPU_GRPO_RECIPE, ["--train_file", str(short_steps_file), "--train_format", "steps",
-                                                 "--output_dir", str(tmp_path), "--max_steps", "2", *EXACT])  # fmt: skip
+    cfg = recipe(short_steps_file, tmp_path, "--max_steps", "2", *EXACT)
     trainer = build_grpo_trainer(cfg)
     train(trainer, cfg)
     assert trainer.state.global_step == 2
