@@ -43,7 +43,7 @@ logger = logging.getLogger(__name__)
 YES_NO = frozenset({"yes", "no"})
 
 
-PARTS = ("test", "validation")
+PARTS = ("test", "validation", "confirm")
 
 
 @dataclass
@@ -60,11 +60,15 @@ class DatasetSpec:
         default="test",
         metadata={
             "help": "test: the first `limit` questions after the shuffle (the scoreboard); validation: the ones after "
-            "them, never scored by `test`, for choosing between models (a dataset without `limit` has none)"
+            "them, never scored by `test`, for choosing between models (a dataset without `limit` has none); "
+            "confirm: the ones after validation's, for checking once a choice made on the other two parts"
         },
     )
     validation_limit: int | None = field(
-        default=None, metadata={"help": "part validation: at most this many questions (default: `limit`)."}
+        default=None, metadata={"help": "parts validation and confirm: the validation part's size (default: `limit`)."}
+    )
+    confirm_limit: int | None = field(
+        default=None, metadata={"help": "part confirm: at most this many questions (default: `validation_limit`)."}
     )
     text_only: bool = field(default=False, metadata={"help": "Run a visual set without its images."})
     image_root: str = field(default="", metadata={"help": "Folder holding the images of r1router visual sets."})
@@ -92,10 +96,9 @@ class DatasetSpec:
             raise ValueError(f"dataset {self.name!r}: `limit` must be >= 1 or null, got {self.limit}")
         if self.part not in PARTS:
             raise ValueError(f"dataset {self.name!r}: `part` must be one of {PARTS}, got {self.part!r}")
-        if self.validation_limit is not None and self.validation_limit < 1:
-            raise ValueError(
-                f"dataset {self.name!r}: `validation_limit` must be >= 1 or null, got {self.validation_limit}"
-            )
+        for key in ("validation_limit", "confirm_limit"):
+            if getattr(self, key) is not None and getattr(self, key) < 1:
+                raise ValueError(f"dataset {self.name!r}: `{key}` must be >= 1 or null, got {getattr(self, key)}")
         unknown = set(self.columns) - set(COLUMN_KEYS)
         if unknown:
             raise ValueError(
@@ -434,12 +437,19 @@ def load_dataset(spec: DatasetSpec, shared_data: str | Path = "") -> LoadedDatas
     ds = datasets.Dataset.from_list(rows)
     if spec.sample_seed is not None:
         ds = ds.shuffle(seed=spec.sample_seed)
-    if spec.part == "validation":  # the questions after the test part's, so the two never share one
-        if spec.limit is None or spec.limit >= len(ds):
-            reason = f"part validation: the test part (`limit` {spec.limit}) takes all {len(ds)} questions"
+    if spec.part != "test":  # the parts follow one another in the shuffle, so no two share a question
+        limit = spec.limit or len(ds)  # no `limit`: the test part takes every question
+        validation = spec.validation_limit or limit
+        start = limit if spec.part == "validation" else limit + validation
+        if start >= len(ds):
+            before = f"`limit` {spec.limit}" + (
+                "" if spec.part == "validation" else f", `validation_limit` {validation}"
+            )
+            reason = f"part {spec.part}: the parts before it ({before}) take all {len(ds)} questions"
             return LoadedDataset(spec, group, [], skipped=reason, split=split, skips=skips)
-        ds = ds.select(range(spec.limit, min(spec.limit + (spec.validation_limit or spec.limit), len(ds))))
-        split = f"{split}; validation part: after the first {spec.limit}".lstrip("; ")
+        size = validation if spec.part == "validation" else spec.confirm_limit or validation
+        ds = ds.select(range(start, min(start + size, len(ds))))
+        split = f"{split}; {spec.part} part: after the first {start}".lstrip("; ")
     elif spec.limit is not None:
         ds = ds.select(range(min(spec.limit, len(ds))))
     missing = [img for row in ds for img in row["images"] if img.startswith("<missing:") or not Path(img).exists()]

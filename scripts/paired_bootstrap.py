@@ -3,6 +3,8 @@
     python scripts/paired_bootstrap.py outputs/eval/scoreboard_cpu agent_grpo rag_all [--metric answer/f1_recall]
     python scripts/paired_bootstrap.py outputs/eval/scoreboard_cpu agent_grpo rag_all --answer-type open
     python scripts/paired_bootstrap.py outputs/eval/new agent_grpo_route agent_grpo_route --b-dir outputs/eval/old
+    python scripts/paired_bootstrap.py outputs/eval/scoreboard agent_long agent_grpo_route \
+        --also outputs/eval/validation outputs/eval/confirm      # each set, then pooled by inverse variance
 
 The arithmetic is `eval.paired` (the report's macro: datasets -> groups -> mean; questions resampled within each
 dataset); the report itself prints each method against its `plot_method`. This script pairs any two methods, `b`
@@ -72,17 +74,42 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--resamples", type=int, default=2000)
     ap.add_argument("--answer-type", choices=("yesno", "open"), default=None, help="only these questions")
     ap.add_argument("--b-dir", type=Path, default=None, help="read method b from this output folder instead")
+    ap.add_argument("--also", type=Path, nargs="+", default=[], help="output folders of other questions, then pooled")
     args = ap.parse_args(argv)
+    if args.also and args.b_dir:
+        ap.error("--also pairs a and b inside each folder; it cannot be combined with --b-dir")
     r = paired(
         args.out_dir, args.a, args.b, args.metric, args.resamples, answer_type=args.answer_type, b_dir=args.b_dir
     )
     b_name = f"{args.b} ({args.b_dir})" if args.b_dir else args.b
-    z = r["diff"] / r["se"] if r["se"] else math.copysign(math.inf, r["diff"]) if r["diff"] else 0.0  # same answers: 0
-    print(
-        f"{args.a} - {b_name}: macro {args.metric} {100 * r['diff']:+.1f} x100, bootstrap s.e. "
-        f"{100 * r['se']:.1f} ({z:+.2f} s.e.), {r['n']} questions"
-    )
+    results = [(args.out_dir, r)]
+    for out_dir in args.also:
+        results.append(
+            (out_dir, paired(out_dir, args.a, args.b, args.metric, args.resamples, answer_type=args.answer_type))
+        )
+    for out_dir, r in results:
+        where = f" [{out_dir}]" if args.also else ""
+        print(f"{args.a} - {b_name}: macro {args.metric} {_figure(r['diff'], r['se'])}, {r['n']} questions{where}")
+    if args.also:
+        pooled = pool([r for _, r in results])
+        figure = _figure(pooled["diff"], pooled["se"])
+        print(f"pooled over {len(results)} sets by inverse variance: {figure}, {pooled['n']} questions")
     return 0
+
+
+def pool(results: list[dict]) -> dict:
+    """Inverse-variance pooled difference of independent sets; a set with s.e. 0 (same answers) carries no weight."""
+    weighted = [(1 / r["se"] ** 2, r) for r in results if r["se"] > 0]
+    if not weighted:
+        return {"diff": 0.0, "se": 0.0, "n": sum(r["n"] for r in results)}
+    total = sum(w for w, _ in weighted)
+    diff = sum(w * r["diff"] for w, r in weighted) / total
+    return {"diff": diff, "se": math.sqrt(1 / total), "n": sum(r["n"] for r in results)}
+
+
+def _figure(diff: float, se: float) -> str:
+    z = diff / se if se else math.copysign(math.inf, diff) if diff else 0.0  # same answers: 0
+    return f"{100 * diff:+.1f} x100, bootstrap s.e. {100 * se:.1f} ({z:+.2f} s.e.)"
 
 
 if __name__ == "__main__":

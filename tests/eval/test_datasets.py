@@ -140,6 +140,29 @@ def test_the_validation_part_follows_the_test_part_and_never_overlaps_it(tmp_pat
     assert set(ids(limit=4, part="validation", validation_limit=100)) == {r["id"] for r in rows} - set(test)
     assert ids(limit=4, sample_seed=1) != test  # the parts follow the shuffle, so a seed changes both
     whole = load_dataset(DatasetSpec(name="toy", loader="jsonl", path=str(path), part="validation"))
-    assert whole.questions == [] and "the test part (`limit` None) takes all 10 questions" in whole.skipped
-    with pytest.raises(ValueError, match=r"`part` must be one of \('test', 'validation'\), got 'dev'"):
+    assert whole.questions == [] and "the parts before it (`limit` None) take all 10 questions" in whole.skipped
+    with pytest.raises(ValueError, match=r"`part` must be one of \('test', 'validation', 'confirm'\), got 'dev'"):
         DatasetSpec(name="toy", loader="jsonl", path=str(path), part="dev")
+
+
+def test_the_confirm_part_follows_the_validation_part(tmp_path: Path) -> None:
+    rows = [{"id": f"q{i}", "question": f"question {i}?", "answers": [f"a{i}"]} for i in range(12)]
+    path = _write(tmp_path / "q.jsonl", [json.dumps(r) for r in rows])
+
+    def ids(**kw) -> list[str]:
+        return [q.id for q in load_dataset(DatasetSpec(name="toy", loader="jsonl", path=str(path), **kw)).questions]
+
+    test, validation = ids(limit=3), ids(limit=3, part="validation", validation_limit=4)
+    confirm = ids(limit=3, part="confirm", validation_limit=4)
+    assert len(confirm) == 4 and not set(confirm) & (set(test) | set(validation))  # default size: validation's
+    every = ids(sample_seed=0)  # the whole shuffle: the three parts are consecutive slices of it
+    assert test + validation + confirm == every[:11]
+    assert ids(limit=3, part="confirm", validation_limit=4, confirm_limit=2) == confirm[:2]
+    assert ids(limit=3, part="confirm", validation_limit=4, confirm_limit=50) == every[7:]
+    assert ids(limit=3, part="confirm") == every[6:9]  # no validation_limit: each part `limit` long
+    empty = load_dataset(
+        DatasetSpec(name="toy", loader="jsonl", path=str(path), limit=4, part="confirm", validation_limit=8)
+    )
+    assert empty.questions == [] and "(`limit` 4, `validation_limit` 8) take all 12 questions" in empty.skipped
+    with pytest.raises(ValueError, match="`confirm_limit` must be >= 1 or null, got 0"):
+        DatasetSpec(name="toy", loader="jsonl", path=str(path), part="confirm", confirm_limit=0)

@@ -93,3 +93,30 @@ def test_b_can_come_from_another_output_folder(tmp_path: Path, load_script) -> N
     r = mod.paired(tmp_path / "new", "x", "x", "answer/f1_recall", resamples=200, b_dir=tmp_path / "old")
     assert r["diff"] == pytest.approx((0.5 + 0.5) / 2) and r["n"] == 6  # group a: (1 + 0) / 2, group b: 0.5
     assert mod.paired(tmp_path / "new", "x", "x", "answer/f1_recall", resamples=50)["diff"] == 0  # without it: itself
+
+
+def test_also_prints_each_set_then_pools_them_by_inverse_variance(tmp_path: Path, load_script, capsys) -> None:
+    mod = load_script("scripts/paired_bootstrap.py")
+    _write(
+        tmp_path / "s1",
+        {"x": {"a1": [1, 0], "a2": [1, 1], "b1": [1, 0, 1, 0]}, "y": {"a1": [0, 0], "a2": [0, 0], "b1": [0] * 4}},
+    )
+    _write(
+        tmp_path / "s2",
+        {"x": {"a1": [0, 0], "a2": [0, 0], "b1": [0, 1]}, "y": {"a1": [0, 0], "a2": [0, 0], "b1": [0, 0]}},
+    )
+    assert mod.main([str(tmp_path / "s1"), "x", "y", "--also", str(tmp_path / "s2"), "--resamples", "300"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert (
+        len(lines) == 3 and "[" + str(tmp_path / "s2") + "]" in lines[1] and lines[2].startswith("pooled over 2 sets")
+    )
+    r1, r2 = (mod.paired(tmp_path / s, "x", "y", "answer/f1_recall", resamples=300) for s in ("s1", "s2"))
+    pooled = mod.pool([r1, r2])
+    w1, w2 = 1 / r1["se"] ** 2, 1 / r2["se"] ** 2
+    assert pooled["diff"] == pytest.approx((w1 * r1["diff"] + w2 * r2["diff"]) / (w1 + w2))
+    assert min(r1["diff"], r2["diff"]) < pooled["diff"] < max(r1["diff"], r2["diff"])
+    assert pooled["se"] < min(r1["se"], r2["se"]) and pooled["n"] == r1["n"] + r2["n"]
+    # a set with the same answers (s.e. 0) carries no weight: the pool is the other set's figure
+    assert mod.pool([r1, {"diff": 0.0, "se": 0.0, "n": 3}])["diff"] == pytest.approx(r1["diff"])
+    with pytest.raises(SystemExit):  # argparse's error: --also pairs within each folder, --b-dir across two
+        mod.main([str(tmp_path / "s1"), "x", "y", "--also", str(tmp_path / "s2"), "--b-dir", str(tmp_path / "s2")])
