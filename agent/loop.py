@@ -23,7 +23,7 @@ from agent.backends.base import (
     supports_grammar,
 )
 from agent.kbs import KnowledgeBase
-from agent.metrics import normalize_answer
+from agent.metrics import normalize_answer, token_f1
 from agent.protocol import (
     DEFAULT_PROMPT,
     AnswerParse,
@@ -146,6 +146,15 @@ class AgentConfig:
             "question again, from no new evidence. Off, the final step always runs (training rollouts train it)"
         },
     )
+    answer_samples: int = field(
+        default=1,
+        metadata={
+            "help": "answers decoded for each answer and final step: the first as configured, the rest sampled at "
+            "answer_temperature; the step keeps the well-formed answer that agrees most with the others (summed "
+            "token F1: self-consistency for free-form answers). 1 = one answer, no vote"
+        },
+    )
+    answer_temperature: float = field(default=0.7, metadata={"help": "sampling temperature of the extra answers"})
     temperature: float = 0.0
     top_p: float = 1.0
     top_k_sampling: int = 0
@@ -205,6 +214,11 @@ class AgentConfig:
             raise ValueError(
                 f"need agent.temperature, agent.retry_temperature >= 0 and 0 < agent.top_p <= 1; got "
                 f"{self.temperature}, {self.retry_temperature} and {self.top_p}"
+            )
+        if self.answer_samples < 1 or not 0 < self.answer_temperature < float("inf"):
+            raise ValueError(
+                f"need agent.answer_samples >= 1 and a finite agent.answer_temperature > 0; got "
+                f"{self.answer_samples} and {self.answer_temperature}"
             )
         if self.top_k_sampling < 0 or self.evidence_images < 0:
             raise ValueError(
@@ -329,10 +343,14 @@ class StepAgent:
     @property
     def render_settings(self) -> dict:
         """How this agent renders and decodes steps; stored in every trajectory's metadata (`answer_words` only
-        where it is not free, and `reuse_answer` where it is on, so records written before them read the same)."""
+        where it is not free, `reuse_answer` where it is on and the vote where there is one, so records written before them
+        read the same)."""
         words = {} if self.config.answer_words == "free" else {"answer_words": self.config.answer_words}
         reuse = {"reuse_answer": True} if self.config.reuse_answer else {}
-        return {**self.config.prompt_settings.to_dict(), "constrained": self.constrained, **words, **reuse}
+        votes = {} if self.config.answer_samples == 1 else {
+            "answer_samples": self.config.answer_samples, "answer_temperature": self.config.answer_temperature
+        }  # fmt: skip
+        return {**self.config.prompt_settings.to_dict(), "constrained": self.constrained, **words, **reuse, **votes}
 
     # -- generation with bounded re-asking -------------------------------------------------------------------
     def _generate(
@@ -374,6 +392,56 @@ class StepAgent:
                     retry.append(i)
             pending = retry
         return results
+
+    def _vote(
+        self,
+        states: list[_State],
+        convs: list[list[Message]],
+        parse: Callable[[str], PlanParse | AnswerParse],
+        params: SamplingParams,
+        results: list[tuple[PlanParse | AnswerParse | None, list[str]]],
+    ) -> dict[int, dict]:
+        """Self-consistency for answer and final steps (`agent.answer_samples` n > 1). Decodes n - 1 more answers per
+        conversation in one call at `answer_temperature`, then keeps, among the well-formed non-empty ones (the first
+        decode included), the answer with the highest summed token F1 against the others: the minimum-Bayes-risk
+        pick, which for short answers is the majority. Ties keep the earliest, so the first decode stays unless others
+        agree elsewhere. Replaces the kept one's parse and last raw output in `results`, in place; returns, by
+        position, what each voted step records. A backend error in the extra call keeps the first decodes."""
+        n = self.config.answer_samples
+        todo = [i for i, (parsed, _) in enumerate(results) if parsed is not None]
+        if n == 1 or not todo:
+            return {}
+        rows = [i for i in todo for _ in range(n - 1)]
+        seed = None if params.seed is None else params.seed + 7919
+        sampled = replace(row_params(params, rows), temperature=self.config.answer_temperature, seed=seed)
+        try:
+            outs = self.policy.generate([convs[i] for i in rows], sampled)
+        except BackendError as e:
+            logger.warning("answer_samples: the extra answers failed (%s); the first decodes stand", e)
+            return {}
+        extra: dict[int, list[tuple[PlanParse | AnswerParse, str]]] = {i: [] for i in todo}
+        for i, out in zip(rows, outs, strict=True):
+            states[i].prompt_tokens += out.prompt_tokens
+            states[i].completion_tokens += out.completion_tokens
+            if out.finish_reason != "error":
+                extra[i].append((parse(out.text), out.text))
+        votes = {}
+        for i in todo:
+            first, raw = results[i]
+            assert first is not None
+            candidates = [(first, raw[-1]), *extra[i]]
+            answers = [p.answer if isinstance(p, AnswerParse) and p.ok and p.answer.strip() else None
+                       for p, _ in candidates]  # fmt: skip
+            agreement = [
+                None if a is None else sum(token_f1(a, b) for k, b in enumerate(answers) if k != j and b is not None)
+                for j, a in enumerate(answers)
+            ]
+            scored = [j for j, a in enumerate(agreement) if a is not None]
+            if scored:
+                best = max(scored, key=lambda j: (agreement[j], -j))
+                results[i] = (candidates[best][0], [*raw[:-1], candidates[best][1]])
+                votes[i] = {"answers": answers, "agreement": agreement, "kept": best}
+        return votes
 
     def _answer_messages(self, sub_question: str, hits: list[Hit], images: tuple[str, ...]) -> list[Message]:
         msgs = answer_messages(sub_question, hits, images, self.config.prompt_settings)
@@ -467,14 +535,12 @@ class StepAgent:
             ]
             t0 = time.perf_counter()
             convs = [self._answer_messages(p.sub_question, h, s.q.images) for s, p, _, h in ok]
-            answers = self._generate(
-                [s for s, *_ in ok],
-                convs,
-                lambda text: parse_answer(text, require_think=cfg.require_think),
-                self._answer_params("answer", convs, salt=10 * step_i + 1),
-            )
+            answer_parse = lambda text: parse_answer(text, require_think=cfg.require_think)  # noqa: E731
+            answer_params = self._answer_params("answer", convs, salt=10 * step_i + 1)
+            answers = self._generate([s for s, *_ in ok], convs, answer_parse, answer_params)
+            votes = self._vote([s for s, *_ in ok], convs, answer_parse, answer_params, answers)
             answer_s = time.perf_counter() - t0
-            for (s, p, raw, h), (parsed, araw) in zip(ok, answers, strict=True):
+            for j, ((s, p, raw, h), (parsed, araw)) in enumerate(zip(ok, answers, strict=True)):
                 if parsed is None:
                     s.planning = False
                     continue
@@ -493,6 +559,7 @@ class StepAgent:
                         format_errors=parsed.errors,
                         timings={"plan_s": plan_s, "retrieve_s": retrieve_s, "answer_s": answer_s},
                         route=route_of.get(id(s), {}),
+                        votes=votes.get(j, {}),
                     )
                 )
                 self._emit(
@@ -587,18 +654,13 @@ class StepAgent:
         asked = [s for s in live if id(s) not in reused]
         t0 = time.perf_counter()
         convs = [final_messages(s.q.question, s.history, s.q.images, cfg.prompt_settings) for s in asked]
-        finals = (
-            self._generate(
-                asked,
-                convs,
-                lambda text: parse_answer(text, require_think=cfg.require_think),
-                self._answer_params("final", convs, salt=99, states=asked),
-            )
-            if asked
-            else []
-        )
+        final_parse = lambda text: parse_answer(text, require_think=cfg.require_think)  # noqa: E731
+        final_params = self._answer_params("final", convs, salt=99, states=asked)
+        finals = self._generate(asked, convs, final_parse, final_params) if asked else []
+        final_votes = self._vote(asked, convs, final_parse, final_params, finals)
         final_s = time.perf_counter() - t0
         by_id = {id(s): f for s, f in zip(asked, finals, strict=True)}
+        votes_of = {id(s): final_votes[j] for j, s in enumerate(asked) if j in final_votes}
         out = []
         for s in states:
             parsed, raw = by_id.get(id(s), (None, []))
@@ -621,6 +683,7 @@ class StepAgent:
                 "final_s": 0.0 if reuse is not None else final_s,
                 "final_errors": list(parsed.errors) if parsed is not None else [],
                 **({"final_from_step": reuse.index} if reuse is not None else {}),
+                **({"final_votes": votes_of[id(s)]} if id(s) in votes_of else {}),
             }
             if s.error:
                 meta["error"] = s.error

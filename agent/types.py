@@ -44,11 +44,14 @@ class Step:
     tokens: dict = field(default_factory=dict, compare=False, hash=False)
     # the route prior's view of this step (`agent.routing`): the policy's KB, the fused one, their scores
     route: dict = field(default_factory=dict, compare=False, hash=False)
+    # the answer vote of `agent.answer_samples` > 1: every decoded answer (None = malformed), its agreement, the kept one
+    votes: dict = field(default_factory=dict, compare=False, hash=False)
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        if not d["route"]:  # records of agents without a route prior stay as they were
-            del d["route"]
+        for key in ("route", "votes"):  # records of agents without a route prior or a vote stay as they were
+            if not d[key]:
+                del d[key]
         d["hits"] = [h.to_dict() for h in self.hits]
         d["raw"] = list(self.raw)
         d["format_errors"] = list(self.format_errors)
@@ -69,6 +72,7 @@ class Step:
             timings=dict(d.get("timings") or {}),
             tokens=dict(d.get("tokens") or {}),
             route=dict(d.get("route") or {}),
+            votes=dict(d.get("votes") or {}),
         )
 
 

@@ -278,6 +278,7 @@ AGENT_NEW_AT_DEFAULT = {
     "route_prior_size": 0,  # the prior on with no size term: the affinity of the predictions cached before it existed
     "answer_words": "free",  # any answer text
     "reuse_answer": False,  # every trajectory ends with a generated final step
+    "answer_samples": Gate(1, ("answer_temperature",)),  # one answer a step, no vote: its temperature unused
 }
 
 
