@@ -343,8 +343,8 @@ class StepAgent:
     @property
     def render_settings(self) -> dict:
         """How this agent renders and decodes steps; stored in every trajectory's metadata (`answer_words` only
-        where it is not free, `reuse_answer` where it is on and the vote where there is one, so records written before them
-        read the same)."""
+        where it is not free, `reuse_answer` where it is on and the vote where there is one, so records written
+        before them read the same)."""
         words = {} if self.config.answer_words == "free" else {"answer_words": self.config.answer_words}
         reuse = {"reuse_answer": True} if self.config.reuse_answer else {}
         votes = {} if self.config.answer_samples == 1 else {
