@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from agent.metrics import normalize_answer
 from agent.protocol.evidence import focused_text
 from agent.types import Trajectory
 from retrievers.provenance import provenance_label
@@ -58,14 +59,23 @@ class StepPrinter:
                 )
         elif event == "answer":
             err = f" [red]{payload['errors']}[/red]" if payload["errors"] else ""
-            c.print(f"  [bold]intermediate answer:[/bold] {payload['answer']}{err}")
+            c.print(f"  [bold]intermediate answer:[/bold] {payload['answer']}{err}{vote_note(payload.get('votes'))}")
         elif event == "final":
             # a reused answer (agent.reuse_answer): the only search asked the question itself
             source = f"step {payload['from_step'] + 1}'s answer, " if "from_step" in payload else ""
             c.print(
                 f"[bold green]final answer:[/bold green] {payload['answer']}  "
-                f"[dim]({source}{payload['stop_reason']})[/dim]"
+                f"[dim]({source}{payload['stop_reason']})[/dim]{vote_note(payload.get('votes'))}"
             )
+
+
+def vote_note(votes: dict | None) -> str:
+    """For a step that voted (`agent.answer_samples`): how many of its answers wrote the kept one, once normalised."""
+    if not votes:
+        return ""
+    kept = normalize_answer(votes["answers"][votes["kept"]])
+    same = sum(a is not None and normalize_answer(a) == kept for a in votes["answers"])
+    return f" [dim]({same} of {len(votes['answers'])} answers agree)[/dim]"
 
 
 def print_trajectory(traj: Trajectory, console=None) -> None:  # noqa: ANN001
@@ -90,9 +100,10 @@ def print_trajectory(traj: Trajectory, console=None) -> None:  # noqa: ANN001
         )
         if s.sub_question is not None:
             printer(traj.id, "evidence", {"hits": list(s.hits)})
-            printer(traj.id, "answer", {"answer": s.answer, "errors": list(s.format_errors)})
+            printer(traj.id, "answer", {"answer": s.answer, "errors": list(s.format_errors), "votes": s.votes})
     reused = {"from_step": traj.metadata["final_from_step"]} if "final_from_step" in traj.metadata else {}
-    printer(traj.id, "final", {"answer": traj.final_answer, "stop_reason": traj.stop_reason, **reused})
+    voted = {"votes": traj.metadata["final_votes"]} if "final_votes" in traj.metadata else {}
+    printer(traj.id, "final", {"answer": traj.final_answer, "stop_reason": traj.stop_reason, **reused, **voted})
     if traj.gold:
         console.print(f"[dim]gold: {list(traj.gold)}[/dim]")
 

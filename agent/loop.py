@@ -562,8 +562,12 @@ class StepAgent:
                         votes=votes.get(j, {}),
                     )
                 )
+                voted = {"votes": votes[j]} if j in votes else {}
                 self._emit(
-                    on_event, s.q.id, "answer", {"step": step_i, "answer": answer, "errors": list(parsed.errors)}
+                    on_event,
+                    s.q.id,
+                    "answer",
+                    {"step": step_i, "answer": answer, "errors": list(parsed.errors), **voted},
                 )
         for s in states:
             if s.planning and s.stop_reason == "answered":
@@ -700,7 +704,9 @@ class StepAgent:
                 metadata=meta,
             )
             reused_from = {"from_step": reuse.index} if reuse is not None else {}
-            self._emit(on_event, s.q.id, "final", {"answer": answer, "stop_reason": s.stop_reason, **reused_from})
+            voted = {"votes": votes_of[id(s)]} if id(s) in votes_of else {}
+            payload = {"answer": answer, "stop_reason": s.stop_reason, **reused_from, **voted}
+            self._emit(on_event, s.q.id, "final", payload)
             out.append(traj)
         return out
 

@@ -149,3 +149,26 @@ def test_smollm2_votes_inside_the_step_grammars(smollm2_dir):
         assert step.answer == step.votes["answers"][step.votes["kept"]]
         assert len(t.metadata["final_votes"]["answers"]) == 3
     assert runs[0].retrieval_steps[0].votes == runs[1].retrieval_steps[0].votes
+
+
+def test_the_display_says_how_many_answers_agree():
+    from rich.console import Console
+
+    from agent.display import StepPrinter, print_trajectory, vote_note
+
+    assert vote_note({}) == "" and vote_note(None) == ""
+    assert vote_note({"answers": ["Charmed", None, "charmed", "Scream"], "kept": 0}).endswith(
+        "(2 of 4 answers agree)[/dim]"
+    )
+    console = Console(record=True, width=200)
+    t = _run(_router(["Jawbreaker", "Charmed", "Charmed"], finals=["Scream", "Charmed", "Charmed"]), answer_samples=3)
+    print_trajectory(t, console)
+    text = console.export_text()
+    assert "intermediate answer: Charmed (2 of 3 answers agree)" in text
+    assert "final answer: Charmed  (answered) (2 of 3 answers agree)" in text
+    live = Console(record=True, width=200)  # the live display gets the same from the loop's events
+    config = AgentConfig(max_steps=2, top_k=1, few_shot=False, max_retries=0, answer_samples=3)
+    StepAgent(_router(["Jawbreaker", "Charmed", "Charmed"]), _kb(), config).run_batch(
+        [Question(id="a", question=Q)], StepPrinter(live)
+    )
+    assert "intermediate answer: Charmed (2 of 3 answers agree)" in live.export_text()
