@@ -88,7 +88,8 @@ class StepDataArgs:
         default=None,
         metadata={
             "help": 'At most N records from each source dataset (`metadata.dataset`), `"*"` for the others, '
-            'e.g. {clip_notes: 240, "*": 30}: a focused stage that still replays the rest. Applied per step type.'
+            'e.g. {clip_notes: 240, "*": 30}: a focused stage that still replays the rest. Applied per step type; '
+            'a mapping caps step types apart, the others uncapped: {"*": {answer: 20}} draws answers evenly.'
         },
     )
     answers_shown: bool = field(
@@ -175,8 +176,13 @@ class StepDataArgs:
                 f"`grammar_tokens` needs exactly the keys plan, answer, final; got {sorted(self.grammar_tokens)}"
             )
         for name, cap in (self.max_per_dataset or {}).items():
-            if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
-                raise ValueError(f"`max_per_dataset.{name}` must be a count >= 0, got {cap!r}; e.g. 30")
+            per_type = cap.items() if isinstance(cap, dict) else [(None, cap)]
+            for step_type, count in per_type:
+                where = f"max_per_dataset.{name}" + (f".{step_type}" if step_type is not None else "")
+                if step_type is not None and step_type not in ("plan", "answer", "final"):
+                    raise ValueError(f"`{where}`: a per-step-type cap names plan, answer or final; e.g. {{answer: 20}}")
+                if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+                    raise ValueError(f"`{where}` must be a count >= 0, got {count!r}; e.g. 30")
         if isinstance(self.kb_list_min, bool) or self.kb_list_min < 1:
             raise ValueError(f"`kb_list_min` must be >= 1, got {self.kb_list_min!r}")
         for key in ("kb_list_share", "kb_name_share", "kb_name_opaque"):

@@ -69,12 +69,17 @@ def _cap(records: list[StepRecord], key, cap) -> list[StepRecord]:  # noqa: ANN0
 
 
 def _cap_per_dataset(records: list[StepRecord], caps: dict) -> list[StepRecord]:
-    """Keep at most `caps[dataset]` (else `caps["*"]`, else all) records of each (dataset, step type), in order."""
+    """Keep at most `caps[dataset]` (else `caps["*"]`, else all) records of each (dataset, step type), in order. A
+    mapping as the cap gives each step type its own (a step type it leaves out is not capped)."""
 
     def dataset(r: StepRecord) -> str:
         return r.metadata.get("dataset", "")
 
-    return _cap(records, lambda r: (dataset(r), r.step_type), lambda r: caps.get(dataset(r), caps.get("*")))
+    def limit(r: StepRecord) -> int | None:
+        cap = caps.get(dataset(r), caps.get("*"))
+        return cap.get(r.step_type) if isinstance(cap, dict) else cap
+
+    return _cap(records, lambda r: (dataset(r), r.step_type), limit)
 
 
 def _evidence_shows_gold(r: StepRecord) -> bool:

@@ -90,6 +90,8 @@ def test_paper_defaults_and_overrides():
         (["--kb_name_share", "2"], ValueError, r"`kb_name_share` must be a share in \[0, 1\], got 2"),
         (["--kb_name_aliases", "{Text Retriever: [a<b]}"], ValueError, r"`kb_name_aliases.Text Retriever`: display_"),
         (["--max_per_dataset", "{coco: -1}"], ValueError, r"`max_per_dataset.coco` must be a count >= 0, got -1"),
+        (["--max_per_dataset", "{coco: {answer: x}}"], ValueError, r"`max_per_dataset.coco.answer` must be a count"),
+        (["--max_per_dataset", "{coco: {answers: 2}}"], ValueError, r"`max_per_dataset.coco.answers`: a per-step-type"),
         (["--rollout_min_steps", "1"], ValueError, r"`rollout_min_steps` .* needs `constrained_rollouts: true`"),
         (["--rollout_min_steps", "-1"], ValueError, r"`rollout_min_steps` must be a step count >= 0, got -1"),
         # constrained rollouts need the grammars' budgets and transformers generation
@@ -186,6 +188,11 @@ def test_max_per_dataset_caps_each_dataset_and_step_type(tmp_path):
     ids = [r.trajectory_id for r in kept]
     assert ids == ["t0", "t1", "t2", "t3", "t10", "t11", "t20", "t21", "t30"]
     assert len(_cap_per_dataset(records, {"coco": 0})) == 6  # no "*": the other datasets are kept whole
+    # a mapping caps step types apart: two coco finals, every plan (a step type it leaves out is not capped)
+    kept = _cap_per_dataset(records, {"*": {"final": 2}})
+    assert [r.trajectory_id for r in kept] == [f"t{i}" for i in (0, 1, 2, 3, 4, 10, 11, 12, 13, 14, 20, 21, 30)]
+    kept = _cap_per_dataset(records, {"clip_notes": 1, "*": {"plan": 0, "final": 1}})
+    assert [r.trajectory_id for r in kept] == ["t0", "t20"]
 
 
 def test_balance_plan_decisions_alternates_gold_stops_and_searches_before_the_caps():
