@@ -180,7 +180,9 @@ class StepDataArgs:
             for step_type, count in per_type:
                 where = f"max_per_dataset.{name}" + (f".{step_type}" if step_type is not None else "")
                 if step_type is not None and step_type not in ("plan", "answer", "final"):
-                    raise ValueError(f"`{where}`: a per-step-type cap names plan, answer or final; e.g. {{answer: 20}}")
+                    raise ValueError(
+                        f"`{where}`: a per-step-type cap names plan, answer or final; e.g. {{answer: 20}}"
+                    )
                 if isinstance(count, bool) or not isinstance(count, int) or count < 0:
                     raise ValueError(f"`{where}` must be a count >= 0, got {count!r}; e.g. 30")
         if isinstance(self.kb_list_min, bool) or self.kb_list_min < 1:

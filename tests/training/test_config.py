@@ -91,7 +91,11 @@ def test_paper_defaults_and_overrides():
         (["--kb_name_aliases", "{Text Retriever: [a<b]}"], ValueError, r"`kb_name_aliases.Text Retriever`: display_"),
         (["--max_per_dataset", "{coco: -1}"], ValueError, r"`max_per_dataset.coco` must be a count >= 0, got -1"),
         (["--max_per_dataset", "{coco: {answer: x}}"], ValueError, r"`max_per_dataset.coco.answer` must be a count"),
-        (["--max_per_dataset", "{coco: {answers: 2}}"], ValueError, r"`max_per_dataset.coco.answers`: a per-step-type"),
+        (
+            ["--max_per_dataset", "{coco: {answers: 2}}"],
+            ValueError,
+            r"`max_per_dataset.coco.answers`: a per-step-type",
+        ),
         (["--rollout_min_steps", "1"], ValueError, r"`rollout_min_steps` .* needs `constrained_rollouts: true`"),
         (["--rollout_min_steps", "-1"], ValueError, r"`rollout_min_steps` must be a step count >= 0, got -1"),
         # constrained rollouts need the grammars' budgets and transformers generation
