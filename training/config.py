@@ -179,7 +179,7 @@ class StepDataArgs:
             per_type = cap.items() if isinstance(cap, dict) else [(None, cap)]
             for step_type, count in per_type:
                 where = f"max_per_dataset.{name}" + (f".{step_type}" if step_type is not None else "")
-                if step_type is not None and step_type not in ("plan", "answer", "final"):
+                if step_type is not None and step_type not in STEP_TYPES:
                     raise ValueError(
                         f"`{where}`: a per-step-type cap names plan, answer or final; e.g. {{answer: 20}}"
                     )
