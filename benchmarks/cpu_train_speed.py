@@ -6,10 +6,13 @@ Variants, each a fresh `kbrouter train` process on the same data and seed, in on
   - `huge pages, no LoRA dropout`: also LoRA dropout 0 (SFT: `--lora {..., dropout: 0}`; Step-GRPO from an adapter:
     TRL's `--disable_dropout true`). peft draws a dropout mask over the input of every LoRA layer, 7 a block with
     `all-linear`: a py-spy profile of the budget SFT put 18 % of its samples in `dropout`.
+With `--compare precision` the variants are instead float32 (`--bf16 false`) and bf16 autocast (`--bf16 true`), both
+with huge pages: what `bf16: auto` (training/config.py) chooses between on this CPU.
 Per variant: wall seconds, the mean logged step time after the first (the first holds warm-up), user and kernel CPU
 seconds and minor page faults of the child; then each variant's speed-up over `default malloc`.
 
     python benchmarks/cpu_train_speed.py --sft_steps 10 --grpo_steps 3
+    python benchmarks/cpu_train_speed.py --compare precision --sft_steps 3
 
 Adapters go to a temporary folder that is removed afterwards. Run it on a quiet machine.
 """
@@ -85,17 +88,21 @@ def main() -> None:
     ap.add_argument("--grpo_config", default=GRPO, help="a Step-GRPO recipe (its init_adapter must exist)")
     ap.add_argument("--sft_steps", type=int, default=10)
     ap.add_argument("--grpo_steps", type=int, default=0, help="0 = skip Step-GRPO (~100 s a step on 2 cores)")
+    ap.add_argument("--compare", choices=["malloc", "precision"], default="malloc", help="which variants to time")
     args = ap.parse_args()
     plan = [("sft", args.sft_config, args.sft_steps), ("grpo", args.grpo_config, args.grpo_steps)]
     with tempfile.TemporaryDirectory(prefix="kbrouter_train_speed_") as tmp:
         for kind, config, steps in plan:
             if steps <= 0:
                 continue
-            variants = {
-                "default malloc": (False, []),
-                "huge pages": (True, []),
-                "huge pages, no LoRA dropout": (True, no_dropout_args(kind, config)),
-            }
+            if args.compare == "precision":
+                variants = {"float32": (True, ["--bf16", "false"]), "bf16 autocast": (True, ["--bf16", "true"])}
+            else:
+                variants = {
+                    "default malloc": (False, []),
+                    "huge pages": (True, []),
+                    "huge pages, no LoRA dropout": (True, no_dropout_args(kind, config)),
+                }
             rows = {
                 name: run_train(kind, config, steps, huge, extra, Path(tmp) / f"{kind}_{i}")
                 for i, (name, (huge, extra)) in enumerate(variants.items())

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import logging
 import re
 import types
 import typing
@@ -28,6 +29,8 @@ from retrievers.config_file import NEW_FORM, check_keys, field_names, load_yaml,
 from retrievers.config_file import yaml_loads as _yaml_load  # the one YAML dialect (`no` a string, `1e-4` a float)
 from training.rewards import REWARDS, STEP_TYPES
 from training.step_data import FORMATS
+
+logger = logging.getLogger(__name__)
 
 # The paper's reward recipe (DESIGN §7): α = β = 0.5, answer 1.0, format as a gate only (weight 0, still logged).
 PAPER_REWARDS = [
@@ -482,6 +485,51 @@ def read_recipe(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict:
     return merged
 
 
+AUTO = "auto"
+
+
+def _flag_value(tokens: list[str], flag: str) -> str | None:
+    """The value an override gives `flag` (`--flag v`, `--flag=v`, or a bare `--flag`: "true"); None when absent."""
+    for i, token in enumerate(tokens):
+        if token.startswith(flag + "="):
+            return token.split("=", 1)[1]
+        if token == flag:
+            following = tokens[i + 1 : i + 2]
+            return following[0] if following and not following[0].startswith("--") else "true"
+    return None
+
+
+def resolve_auto_bf16(values: dict, tokens: list[str]) -> None:
+    """Replace `bf16: auto` (recipe) or `--bf16 auto` (override), in place, by what this machine multiplies fast.
+
+    bf16 autocast where the device has bf16 units (a CUDA GPU that supports it; a CPU with avx512_bf16 or AMX), else
+    float32: on a CPU without them bf16 runs ~40x slower (`agent.backends.models.warn_if_slow_bf16`; stop 52 met such
+    a CPU), so a recipe written on one CPU would crawl on another. The choice is logged; `true` / `false` stay as given.
+    """
+    given = _flag_value(tokens, "--bf16")
+    if values.get("bf16") != AUTO and given != AUTO:
+        return
+    import torch
+
+    from agent.backends.models import cpu_has_bf16
+
+    use_cpu = _flag_value(tokens, "--use_cpu")
+    on_cpu = (values.get("use_cpu") is True if use_cpu is None else use_cpu.lower() in ("true", "1", "yes")) or (
+        not torch.cuda.is_available()
+    )
+    fast = cpu_has_bf16() if on_cpu else torch.cuda.is_bf16_supported()
+    logger.info(
+        "bf16: auto -> %s (%s %s bf16 units)", fast, "this CPU" if on_cpu else "the GPU", "has" if fast else "has no"
+    )
+    if values.get("bf16") == AUTO:  # a string default would reach argparse's bool type even when overridden
+        values["bf16"] = fast
+    for i, token in enumerate(tokens):
+        if token == "--bf16=auto":
+            tokens[i] = f"--bf16={str(fast).lower()}"
+        elif token == "--bf16" and tokens[i + 1 : i + 2] == [AUTO]:
+            tokens[i + 1] = str(fast).lower()
+
+
 def load_config(command: str, path: str | Path | None, overrides: list[str] | None = None):
     """Build the config of `command` (`sft` or `grpo`) from a YAML recipe and `--key value` overrides.
 
@@ -501,12 +549,14 @@ def load_config(command: str, path: str | Path | None, overrides: list[str] | No
     parser = recipe_parser(command)
     cls = CONFIGS[command]
     values: dict = {}
+    tokens = list(overrides or [])
     if path is not None:
         path = Path(path)
         values = read_recipe(path)
         check_keys(cls, values, str(path))  # TRL's own message would name neither the file nor the closest key
+    resolve_auto_bf16(values, tokens)
+    if values:
         parser.set_defaults_with_config(**values)
-    tokens = list(overrides or [])
     try:
         _, unparsed = parser.parse_known_args(tokens)
         if unparsed:

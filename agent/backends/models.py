@@ -287,5 +287,5 @@ def warn_if_slow_bf16(bf16: bool, device: str = "cpu") -> None:
     if bf16 and device == "cpu" and not cpu_has_bf16():
         logger.warning(
             "bfloat16 on a CPU without avx512_bf16/amx_bf16 (see /proc/cpuinfo) is ~40x slower than float32 here; "
-            "use float32 (policy.dtype: float32, or bf16: false / --bf16 false in a training recipe)"
+            "use float32 (policy.dtype: float32; in a training recipe bf16: auto or false)"
         )

@@ -23,9 +23,13 @@ def test_there_are_cpu_and_gpu_recipes_for_both_stages():
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
-def test_every_recipe_parses(recipe: Path):  # line 1 (the command): tests/test_configs.py
+def test_every_recipe_parses(recipe: Path, monkeypatch):  # line 1 (the command): tests/test_configs.py
     command = "grpo" if "_grpo" in recipe.stem else "sft"
     import torch
+
+    from agent.backends import models
+
+    monkeypatch.setattr(models, "cpu_has_bf16", lambda: False)  # `bf16: auto` then means float32 on any CPU
 
     # GPU recipes ask for bf16, which TrainingArguments refuses on a machine without a GPU: parse them as CPU runs
     cpu = [] if torch.cuda.is_available() or "cpu" in recipe.stem else ["--bf16", "false", "--use_cpu", "true"]
@@ -40,6 +44,8 @@ def test_every_recipe_parses(recipe: Path):  # line 1 (the command): tests/test_
     want = {k: v for k, v in written.items() if k in got}
     if isinstance(report_to, str):
         want["report_to"] = [] if report_to == "none" else [report_to]
+    if want.get("bf16") == "auto":
+        want["bf16"] = torch.cuda.is_available() and not cfg.use_cpu and torch.cuda.is_bf16_supported()
     assert got == want
     if command == "grpo":
         assert cfg.num_generations >= 2 and len(cfg.reward_weights) == len(cfg.rewards)
@@ -221,3 +227,23 @@ def test_balance_plan_decisions_alternates_gold_stops_and_searches_before_the_ca
     kept = _cap_per_dataset(balanced, {"*": 4})
     assert [r.gold["kb"] is None for r in kept if r.metadata.get("dataset") == "hotpotqa"] == [False, True] * 2
     assert sorted(r.trajectory_id for r in balanced) == sorted(r.trajectory_id for r in records)  # nothing lost
+
+
+@pytest.mark.parametrize("has_bf16", [True, False])
+def test_bf16_auto_follows_the_cpu(tmp_path, monkeypatch, caplog, has_bf16):
+    """`bf16: auto` is bf16 autocast only on a CPU with bf16 units: without them bf16 runs ~40x slower (stop 52)."""
+    from agent.backends import models
+
+    monkeypatch.setattr(models, "cpu_has_bf16", lambda: has_bf16)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"base: {REPO / 'configs' / 'train' / 'smollm2_router_sft_lora_cpu.yaml'}\n")
+    assert read_recipe(recipe)["bf16"] == "auto"
+    with caplog.at_level("INFO", logger="training.config"):
+        assert load_config("sft", recipe).bf16 is has_bf16
+    assert f"bf16: auto -> {has_bf16}" in caplog.text
+    # the override wins over the recipe, in both directions, and `--bf16 auto` / `--bf16=auto` resolve the same way
+    assert load_config("sft", recipe, ["--bf16", "false"]).bf16 is False
+    assert load_config("sft", recipe, ["--bf16=true"]).bf16 is True
+    plain = REPO / "configs" / "train" / "smollm2_sft_cpu.yaml"  # `bf16: false`
+    assert load_config("sft", plain, ["--bf16", "auto"]).bf16 is has_bf16
+    assert load_config("sft", plain, ["--bf16=auto", "--max_steps", "3"]).bf16 is has_bf16
