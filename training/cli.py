@@ -44,10 +44,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give the stage and the recipe: kbrouter train sft|grpo --config FILE [--key value ...]")
     from training.trainers import build_grpo_trainer, build_sft_trainer, train
 
-    cfg = load_config(args.command, args.config, overrides)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # the parse's
+    cfg = load_config(args.command, args.config, overrides)  # own lines (`bf16: auto -> ...`) show too
     # the main process logs at INFO (TRL's "passive" default would keep WARNING); replicas follow log_level_replica
     level = logging.INFO if cfg.should_log and cfg.log_level == "passive" else cfg.get_process_log_level()
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger().setLevel(level)
     logger.info("resolved %s config:\n%s", args.command, cfg)
     if args.command == "grpo" and cfg.online:  # live step trees (training/online_grpo.py)
         from training.online_grpo import build_online_grpo_trainer
