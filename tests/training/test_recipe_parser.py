@@ -16,7 +16,7 @@ import pytest
 
 from retrievers.config_file import parse_overrides, yaml_loads
 from training.cli import main
-from training.config import CONFIGS, load_config, read_recipe
+from training.config import CONFIGS, load_config, read_recipe, resolve_auto_bf16
 
 from .conftest import CPU_GRPO_RECIPE, CPU_SFT_RECIPE, REPO
 
@@ -26,6 +26,7 @@ RECIPES = sorted((REPO / "configs" / "train").glob("*.yaml"))
 def _previous_load(command: str, path: Path, overrides: list[str]):
     values = read_recipe(path)  # the YAML as written, with its `base:` chain applied
     values.update({key.replace("-", "_"): value for key, value in parse_overrides(overrides)})
+    resolve_auto_bf16(values, [])  # `bf16: auto` came after that loader: both resolve it the same way
     return CONFIGS[command](**values)
 
 
