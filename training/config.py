@@ -489,14 +489,16 @@ AUTO = "auto"
 
 
 def _flag_value(tokens: list[str], flag: str) -> str | None:
-    """The value an override gives `flag` (`--flag v`, `--flag=v`, or a bare `--flag`: "true"); None when absent."""
+    """The value the overrides give `--flag` (`--flag v`, `--flag=v`, `-` for `_`, a bare `--flag`: "true"; the last
+    one wins, as in the parser); None when absent."""
+    value = None
     for i, token in enumerate(tokens):
-        if token.startswith(flag + "="):
-            return token.split("=", 1)[1]
-        if token == flag:
-            following = tokens[i + 1 : i + 2]
-            return following[0] if following and not following[0].startswith("--") else "true"
-    return None
+        name, eq, given = token.partition("=")
+        if not name.startswith("--") or name[2:].replace("-", "_") != flag:
+            continue
+        following = tokens[i + 1 : i + 2]
+        value = given if eq else following[0] if following and not following[0].startswith("--") else "true"
+    return value
 
 
 def resolve_auto_bf16(values: dict, tokens: list[str]) -> None:
@@ -506,14 +508,14 @@ def resolve_auto_bf16(values: dict, tokens: list[str]) -> None:
     float32: on a CPU without them bf16 runs ~40x slower (`agent.backends.models.warn_if_slow_bf16`; stop 52 met such
     a CPU), so a recipe written on one CPU would crawl on another. The choice is logged; `true` / `false` stay as given.
     """
-    given = _flag_value(tokens, "--bf16")
+    given = _flag_value(tokens, "bf16")
     if values.get("bf16") != AUTO and given != AUTO:
         return
     import torch
 
     from agent.backends.models import cpu_has_bf16
 
-    use_cpu = _flag_value(tokens, "--use_cpu")
+    use_cpu = _flag_value(tokens, "use_cpu")
     on_cpu = (values.get("use_cpu") is True if use_cpu is None else use_cpu.lower() in ("true", "1", "yes")) or (
         not torch.cuda.is_available()
     )
@@ -524,7 +526,7 @@ def resolve_auto_bf16(values: dict, tokens: list[str]) -> None:
     if values.get("bf16") == AUTO:  # a string default would reach argparse's bool type even when overridden
         values["bf16"] = fast
     for i, token in enumerate(tokens):
-        if token == "--bf16=auto":
+        if token == f"--bf16={AUTO}":
             tokens[i] = f"--bf16={str(fast).lower()}"
         elif token == "--bf16" and tokens[i + 1 : i + 2] == [AUTO]:
             tokens[i + 1] = str(fast).lower()
