@@ -7,7 +7,9 @@ Variants, each a fresh `kbrouter train` process on the same data and seed, in on
     TRL's `--disable_dropout true`). peft draws a dropout mask over the input of every LoRA layer, 7 a block with
     `all-linear`: a py-spy profile of the budget SFT put 18 % of its samples in `dropout`.
 With `--compare precision` the variants are instead float32 (`--bf16 false`) and bf16 autocast (`--bf16 true`), both
-with huge pages: what `bf16: auto` (training/config.py) chooses between on this CPU.
+with huge pages: what `bf16: auto` (training/config.py) chooses between on this CPU. On a CPU without bf16 units the
+bf16 variant is slow to the point of uselessness (stop 52, AVX2 only: step 1 60.4 s in float32, unfinished after 733 s
+in bf16), so give it few steps there.
 Per variant: wall seconds, the mean logged step time after the first (the first holds warm-up), user and kernel CPU
 seconds and minor page faults of the child; then each variant's speed-up over `default malloc`.
 
