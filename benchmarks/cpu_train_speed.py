@@ -10,11 +10,16 @@ With `--compare precision` the variants are instead float32 (`--bf16 false`) and
 with huge pages: what `bf16: auto` (training/config.py) chooses between on this CPU. On a CPU without bf16 units the
 bf16 variant is slow to the point of uselessness (stop 52, AVX2 only: step 1 60.4 s in float32, unfinished after 733 s
 in bf16), so give it few steps there.
+With `--compare lm_head` they are TRL's fused LM head as it ships on CPU (every position projected,
+`KBROUTER_COMPACT_LM_HEAD=0`) and as kbrouter runs it (labelled positions only, training/cpu_lm_head.py), both with
+huge pages and the recipe's precision: the same loss, different work.
 Per variant: wall seconds, the mean logged step time after the first (the first holds warm-up), user and kernel CPU
 seconds and minor page faults of the child; then each variant's speed-up over `default malloc`.
 
     python benchmarks/cpu_train_speed.py --sft_steps 10 --grpo_steps 3
     python benchmarks/cpu_train_speed.py --compare precision --sft_steps 3
+    python benchmarks/cpu_train_speed.py --compare lm_head --sft_steps 4 --grpo_steps 2 \
+        --grpo_init_adapter models/smollm2-kbrouter
 
 Adapters go to a temporary folder that is removed afterwards. Run it on a quiet machine.
 """
@@ -49,9 +54,10 @@ def no_dropout_args(kind: str, config: str) -> list[str]:
     return ["--lora", json.dumps({**lora, "dropout": 0.0})]  # JSON is YAML: the override parser reads it
 
 
-def run_train(kind: str, config: str, steps: int, hugepages: bool, extra: list[str], out: Path) -> dict[str, float]:
-    """One `kbrouter train KIND` of `steps` steps; its wall time, step times and child resource usage."""
-    env = {**os.environ, "KBROUTER_HUGEPAGES": "1" if hugepages else "0"}
+def run_train(kind: str, config: str, steps: int, env_set: dict, extra: list[str], out: Path) -> dict[str, float]:
+    """One `kbrouter train KIND` of `steps` steps with `env_set` in its environment; its wall time, step times and
+    child resource usage."""
+    env = {**os.environ, "KBROUTER_HUGEPAGES": "1", "KBROUTER_COMPACT_LM_HEAD": "1", **env_set}
     env.pop("GLIBC_TUNABLES", None)  # each variant chooses its own malloc setting
     log = out.with_suffix(".log")
     args = ["--config", config, "--max_steps", str(steps), "--save_steps", "1000000", "--output_dir", str(out)]
@@ -90,24 +96,33 @@ def main() -> None:
     ap.add_argument("--grpo_config", default=GRPO, help="a Step-GRPO recipe (its init_adapter must exist)")
     ap.add_argument("--sft_steps", type=int, default=10)
     ap.add_argument("--grpo_steps", type=int, default=0, help="0 = skip Step-GRPO (~100 s a step on 2 cores)")
-    ap.add_argument("--compare", choices=["malloc", "precision"], default="malloc", help="which variants to time")
+    ap.add_argument(
+        "--grpo_init_adapter", default="", help="start Step-GRPO from this adapter instead of the recipe's"
+    )
+    ap.add_argument("--compare", choices=["malloc", "precision", "lm_head"], default="malloc", help="what to vary")
     args = ap.parse_args()
     plan = [("sft", args.sft_config, args.sft_steps), ("grpo", args.grpo_config, args.grpo_steps)]
     with tempfile.TemporaryDirectory(prefix="kbrouter_train_speed_") as tmp:
         for kind, config, steps in plan:
             if steps <= 0:
                 continue
+            adapter = ["--init_adapter", args.grpo_init_adapter] if kind == "grpo" and args.grpo_init_adapter else []
             if args.compare == "precision":
-                variants = {"float32": (True, ["--bf16", "false"]), "bf16 autocast": (True, ["--bf16", "true"])}
+                variants = {"float32": ({}, ["--bf16", "false"]), "bf16 autocast": ({}, ["--bf16", "true"])}
+            elif args.compare == "lm_head":
+                variants = {
+                    "LM head: every position": ({"KBROUTER_COMPACT_LM_HEAD": "0"}, []),
+                    "LM head: labelled only": ({}, []),
+                }
             else:
                 variants = {
-                    "default malloc": (False, []),
-                    "huge pages": (True, []),
-                    "huge pages, no LoRA dropout": (True, no_dropout_args(kind, config)),
+                    "default malloc": ({"KBROUTER_HUGEPAGES": "0"}, []),
+                    "huge pages": ({}, []),
+                    "huge pages, no LoRA dropout": ({}, no_dropout_args(kind, config)),
                 }
             rows = {
-                name: run_train(kind, config, steps, huge, extra, Path(tmp) / f"{kind}_{i}")
-                for i, (name, (huge, extra)) in enumerate(variants.items())
+                name: run_train(kind, config, steps, env_set, [*adapter, *extra], Path(tmp) / f"{kind}_{i}")
+                for i, (name, (env_set, extra)) in enumerate(variants.items())
             }
             print_table(f"{kind}: {steps} steps of {config}", rows)
 

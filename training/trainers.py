@@ -428,9 +428,14 @@ def train(trainer, cfg) -> dict:
     import torch
     from transformers import TrainerState
 
+    from training import cpu_lm_head  # imports TRL
+
     trainer.add_callback(throughput_callback())
     on_cpu = getattr(cfg, "use_cpu", False) or not torch.cuda.is_available()
     warn_if_slow_bf16(bool(getattr(cfg, "bf16", False)), "cpu" if on_cpu else "cuda")
+    if cpu_lm_head.install() and on_cpu:
+        logger.info("fused LM head: labelled positions only on CPU (training/cpu_lm_head.py; off: %s=0)",
+                    cpu_lm_head.OFF_ENV)  # fmt: skip
     checkpoint = resume_checkpoint(cfg)
     step = finished_at(checkpoint, getattr(cfg, "max_steps", -1)) if checkpoint else None
     if step is not None:
