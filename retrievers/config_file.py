@@ -5,6 +5,8 @@
 - Overrides are `--a.b value` or `--a.b=value` (`parse_overrides`); dots reach nested mappings. The old eval form
   `a.b=value` is an error that gives the new form.
 - Unknown top-level keys are an error naming the key, the file and the closest valid keys (`check_keys`).
+- A file may start from another with `base: <file>` (`read_layered`; training recipes too): a variant names only
+  what it changes.
 - Paths written in the YAML resolve against the YAML file's folder (`resolve_path`); paths given as overrides are left
   as written, so they resolve against the working directory.
 - A key added to a config after results were hashed leaves the old hash as it was while it has its old behaviour
@@ -22,7 +24,7 @@ import dataclasses
 import difflib
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +84,58 @@ def load_yaml(path: str | os.PathLike, loader=yaml_loads):  # noqa: ANN001, ANN2
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
         problem = " ".join(x for x in (getattr(e, "context", None), getattr(e, "problem", None)) if x) or str(e)
         raise ValueError(f"{where}: YAML syntax error: {problem}; fix the YAML there") from None
+
+
+BASE_KEY = "base"
+
+
+def read_layered(
+    path: str | os.PathLike,
+    what: str = "config",
+    resolve: Callable[[dict, Path], dict] | None = None,
+    _chain: tuple[Path, ...] = (),
+) -> dict:
+    """A config file's values with its `base:` chain applied: the values of the file it names, then its own on top.
+
+    `base:` names another file of the same kind, relative to this file's folder (e.g. `base: annotation_cpu.yaml`) or
+    absolute. A key of the file replaces the base's value whole (a mapping too); a key set to `null` drops the base's
+    value, so the field's default applies. A base may have a base of its own. `resolve(values, folder)`, when given,
+    turns each file's own values into what they mean from its own folder (relative paths) before they are merged.
+    `what` names the kind of file in the messages (`recipe`, `config`).
+
+    Raises:
+        FileNotFoundError: the file, or a base it names, does not exist (the message names both files).
+        ValueError: not a mapping, `base:` not a file name, or a chain of bases that returns to a file in it.
+    """
+    path = Path(path)
+    if not path.is_file():
+        if _chain:
+            raise FileNotFoundError(f"{_chain[-1]}: base {what} not found: {path} (`{BASE_KEY}:` is relative to the "
+                                    f"{what}'s folder)")  # fmt: skip
+        raise FileNotFoundError(f"{what} file {str(path)!r} does not exist")
+    values = load_yaml(path) or {}
+    if not isinstance(values, dict):
+        raise ValueError(f"{path}: this {what} must be a mapping of keys to values, got {type(values).__name__}")
+    base = values.pop(BASE_KEY, None)
+    here = path.resolve()
+    if resolve is not None:
+        values = resolve(values, here.parent)
+    if base is None:
+        return values
+    if not isinstance(base, str) or not base.strip():
+        raise ValueError(f"{path}: `{BASE_KEY}:` names another {what} file (e.g. `{BASE_KEY}: other.yaml`, relative "
+                         f"to this {what}'s folder), got {base!r}")  # fmt: skip
+    base_path = resolve_path(base, here.parent)
+    if base_path.resolve() in (*_chain, here):
+        cycle = " -> ".join(str(p) for p in (*_chain, here, base_path.resolve()))
+        raise ValueError(f"{path}: `{BASE_KEY}: {base}` makes a cycle of {what}s ({cycle}); remove one `{BASE_KEY}:`")
+    merged = read_layered(base_path, what, resolve, (*_chain, here))
+    for key, value in values.items():
+        if value is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = value
+    return merged
 
 
 def resolve_path(value: str | os.PathLike, base: Path | None) -> Path:
@@ -238,14 +292,13 @@ def read_config(
     data: dict = {}
     if path is not None:
         path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"{what} file {str(path)!r} does not exist")
-        data = load_yaml(path) or {}
-        if not isinstance(data, dict):
-            raise ValueError(f"{path}: expected a mapping of keys to values, got {type(data).__name__}")
-        base = path.resolve().parent
-        for key in path_keys:
-            data = _resolve_keys(data, key.split("."), base)
+
+        def resolve(values: dict, folder: Path) -> dict:
+            for key in path_keys:
+                values = _resolve_keys(values, key.split("."), folder)
+            return values
+
+        data = read_layered(path, what, resolve)
     for key, value in [*parse_overrides(overrides), *values]:
         set_dotted(data, key, value)
     check_keys(cls, data, str(path) if path is not None else "the overrides", skip)

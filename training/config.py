@@ -25,7 +25,7 @@ from pathlib import Path
 import yaml
 from trl import GRPOConfig, SFTConfig, TrlParser
 
-from retrievers.config_file import NEW_FORM, check_keys, field_names, load_yaml, resolve_path
+from retrievers.config_file import NEW_FORM, check_keys, field_names, read_layered
 from retrievers.config_file import yaml_loads as _yaml_load  # the one YAML dialect (`no` a string, `1e-4` a float)
 from training.rewards import REWARDS, STEP_TYPES
 from training.step_data import FORMATS
@@ -441,64 +441,26 @@ def _flag_error(unparsed: list[str], cls: type, path: Path | None) -> ValueError
     return ValueError(f"unknown key {key!r} in the overrides (recipe {path}){hint}")
 
 
-BASE_KEY = "base"
-
-
-def read_recipe(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict:
-    """A recipe's values, with its `base:` chain applied: the values of the recipe it names, then its own on top.
-
-    `base:` names another recipe file, relative to this recipe's folder (e.g. `base: smollm2_router_grpo_lora_cpu.yaml`)
-    or absolute. A key of the recipe replaces the base's value whole (a mapping too, so `max_per_dataset` is given in
-    full); a key set to `null` drops the base's value, so the field's default applies (`lora: null` under a base that
-    has one). A base may have a base of its own.
+def read_recipe(path: str | Path) -> dict:
+    """A recipe's values with its `base:` chain applied (`retrievers.config_file.read_layered`); paths stay as written.
 
     Raises:
         FileNotFoundError: the recipe, or a base it names, does not exist (the message names both files).
         ValueError: not a mapping, `base:` not a file name, or a chain of bases that returns to a recipe in it.
     """
-    path = Path(path)
-    if not path.is_file():
-        if _chain:
-            raise FileNotFoundError(f"{_chain[-1]}: base recipe not found: {path} (`{BASE_KEY}:` is relative to the "
-                                    "recipe's folder)")  # fmt: skip
-        raise FileNotFoundError(f"recipe not found: {path}")
-    values = load_yaml(path, _yaml_load) or {}
-    if not isinstance(values, dict):
-        raise ValueError(f"{path}: a recipe is a mapping of keys to values")
-    if BASE_KEY not in values:
-        return values
-    base = values.pop(BASE_KEY)
-    if not isinstance(base, str) or not base.strip():
-        raise ValueError(f"{path}: `{BASE_KEY}:` names another recipe file (e.g. `{BASE_KEY}: other_recipe.yaml`, "
-                         f"relative to this recipe's folder), got {base!r}")  # fmt: skip
-    here = path.resolve()
-    base_path = resolve_path(base, here.parent)
-    if base_path.resolve() in (*_chain, here):
-        cycle = " -> ".join(str(p) for p in (*_chain, here, base_path.resolve()))
-        raise ValueError(f"{path}: `{BASE_KEY}: {base}` makes a cycle of recipes ({cycle}); remove one `{BASE_KEY}:`")
-    merged = read_recipe(base_path, (*_chain, here))
-    for key, value in values.items():
-        if value is None:
-            merged.pop(key, None)
-        else:
-            merged[key] = value
-    return merged
+    return read_layered(path, "recipe")
 
 
 AUTO = "auto"
 
 
-def _flag_value(tokens: list[str], flag: str) -> str | None:
-    """The value the overrides give `--flag` (`--flag v`, `--flag=v`, `-` for `_`, a bare `--flag`: "true"; the last
-    one wins, as in the parser); None when absent."""
-    value = None
-    for i, token in enumerate(tokens):
-        name, eq, given = token.partition("=")
-        if not name.startswith("--") or name[2:].replace("-", "_") != flag:
-            continue
-        following = tokens[i + 1 : i + 2]
-        value = given if eq else following[0] if following and not following[0].startswith("--") else "true"
-    return value
+def _flag_values(tokens: list[str]) -> argparse.Namespace:
+    """Every value the overrides give `--bf16` and `--use_cpu`, in order, read by argparse as the recipe parser reads
+    them (`--f v`, `--f=v`, `-` for `_`; the parser takes the last, and refuses a bare `--f`); [] where a flag is absent."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--bf16", nargs="?", action="append", default=[])  # `?`: never exits; the parser judges
+    parser.add_argument("--use_cpu", "--use-cpu", nargs="?", action="append", default=[])
+    return parser.parse_known_args(tokens)[0]
 
 
 def resolve_auto_bf16(values: dict, tokens: list[str]) -> None:
@@ -508,15 +470,15 @@ def resolve_auto_bf16(values: dict, tokens: list[str]) -> None:
     float32: on a CPU without them bf16 runs ~40x slower (`agent.backends.models.warn_if_slow_bf16`; stop 52 met such
     a CPU), so a recipe written on one CPU would crawl on another. The choice is logged; `true` / `false` stay as given.
     """
-    given = _flag_value(tokens, "bf16")
-    if values.get("bf16") != AUTO and given != AUTO:
+    given = _flag_values(tokens)
+    if values.get("bf16") != AUTO and AUTO not in given.bf16:
         return
     import torch
 
     from agent.backends.models import cpu_has_bf16
 
-    use_cpu = _flag_value(tokens, "use_cpu")
-    on_cpu = (values.get("use_cpu") is True if use_cpu is None else use_cpu.lower() in ("true", "1", "yes")) or (
+    use_cpu = given.use_cpu[-1] if given.use_cpu else None
+    on_cpu = (values.get("use_cpu") is True if use_cpu is None else str(use_cpu).lower() in ("true", "1", "yes")) or (
         not torch.cuda.is_available()
     )
     fast = cpu_has_bf16() if on_cpu else torch.cuda.is_bf16_supported()

@@ -95,6 +95,39 @@ def test_yaml_paths_resolve_against_its_folder_and_override_paths_stay_as_writte
     assert read_config(Recipe, path, ["--corpus", "rel/c.jsonl"], path_keys=("corpus",))["corpus"] == "rel/c.jsonl"
 
 
+def test_a_base_file_is_read_first_and_each_file_resolves_its_own_paths(tmp_path):
+    """`base:` works in every config, as in training recipes: the variant's keys on top, `null` drops a key."""
+    base = tmp_path / "shared" / "base.yaml"
+    base.parent.mkdir()
+    base.write_text("name: b\nlr: 0.5\nflag: true\ncorpus: data/c.jsonl\nteacher: {backend: annotation, k: 3}\n")
+    variant = write(tmp_path, "base: ../shared/base.yaml\nname: v\nflag: null\nfiles: [a.txt]\nteacher: {k: 5}\n")
+    data = read_config(Recipe, variant, ["--lr", "0.25"], path_keys=("corpus", "files"))
+    assert data == {
+        "name": "v",
+        "lr": 0.25,
+        "corpus": str((base.parent / "data/c.jsonl").resolve()),  # the base's folder, not the variant's
+        "files": [str((variant.parent / "a.txt").resolve())],
+        "teacher": {"k": 5},  # a mapping is replaced whole
+    }
+    assert load_config_file(Recipe, variant).flag is False  # `null` dropped the base's value: the default applies
+
+
+@pytest.mark.parametrize(
+    ("files", "error", "match"),
+    [
+        ({"v.yaml": "base: gone.yaml\n"}, FileNotFoundError, r"v\.yaml: base eval config not found: .*gone\.yaml"),
+        ({"v.yaml": "base: w.yaml\n", "w.yaml": "base: v.yaml\n"}, ValueError, r"makes a cycle of eval configs"),
+        ({"v.yaml": "base: [w.yaml]\n"}, ValueError, r"v\.yaml: `base:` names another eval config file"),
+        ({"v.yaml": "base: w.yaml\n", "w.yaml": "- 1\n"}, ValueError, r"w\.yaml: this eval config must be a mapping"),
+    ],
+)
+def test_a_bad_base_is_named(tmp_path, files, error, match):
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    with pytest.raises(error, match=match):
+        read_config(Recipe, tmp_path / "v.yaml", what="eval config")
+
+
 def test_a_bad_value_names_the_file_and_a_missing_file_is_named(tmp_path):
     @dataclass
     class Checked:
@@ -109,7 +142,7 @@ def test_a_bad_value_names_the_file_and_a_missing_file_is_named(tmp_path):
         load_config_file(Checked, path)
     with pytest.raises(FileNotFoundError, match=r"recipe file '.*missing.yaml' does not exist"):
         load_config_file(Checked, tmp_path / "missing.yaml", what="recipe")
-    with pytest.raises(ValueError, match=r"expected a mapping of keys to values, got list"):
+    with pytest.raises(ValueError, match=r"this config must be a mapping of keys to values, got list"):
         load_config_file(Checked, write(tmp_path, "- 1\n", "list.yaml"))
 
 

@@ -247,3 +247,6 @@ def test_bf16_auto_follows_the_cpu(tmp_path, monkeypatch, caplog, has_bf16):
     plain = REPO / "configs" / "train" / "smollm2_sft_cpu.yaml"  # `bf16: false`
     assert load_config("sft", plain, ["--bf16", "auto"]).bf16 is has_bf16
     assert load_config("sft", plain, ["--bf16=auto", "--max_steps", "3"]).bf16 is has_bf16
+    assert load_config("sft", plain, ["--bf16", "auto", "--bf16", "false"]).bf16 is False  # the last one wins
+    with pytest.raises(ValueError, match="--bf16: expected one argument"):  # as the parser reads it, auto or not
+        load_config("sft", recipe, ["--max_steps", "3", "--bf16"])

@@ -193,7 +193,7 @@ def test_a_base_may_have_a_base(tmp_path):
         ({"v.yaml": "base: w.yaml\n", "w.yaml": "base: v.yaml\n"}, ValueError, r"makes a cycle of recipes"),
         ({"v.yaml": "base: v.yaml\n"}, ValueError, r"v\.yaml: `base: v\.yaml` makes a cycle"),
         ({"v.yaml": "base: 3\n"}, ValueError, r"v\.yaml: `base:` names another recipe file .* got 3"),
-        ({"v.yaml": "base: w.yaml\n", "w.yaml": "- a list\n"}, ValueError, r"w\.yaml: a recipe is a mapping"),
+        ({"v.yaml": "base: w.yaml\n", "w.yaml": "- a list\n"}, ValueError, r"w\.yaml: this recipe must be a mapping"),
         (
             {"v.yaml": "base: w.yaml\nnum_generatons: 4\n", "w.yaml": "seed: 1\n"},
             ValueError,
