@@ -12,13 +12,17 @@ bf16 variant is slow to the point of uselessness (stop 52, AVX2 only: step 1 60.
 in bf16), so give it few steps there.
 With `--compare lm_head` they are TRL's fused LM head as it ships on CPU (every position projected,
 `KBROUTER_COMPACT_LM_HEAD=0`) and as kbrouter runs it (labelled positions only, training/cpu_lm_head.py), both with
-huge pages and the recipe's precision: the same loss, different work.
+huge pages and the recipe's precision: the same loss, different work. With `--compare prefill` they are Step-GRPO
+rollouts that prefill every row (`KBROUTER_SHARED_PREFILL=0`) and that prefill each distinct prompt once
+(training/shared_prefill.py): the same samples, different work.
 Per variant: wall seconds, the mean logged step time after the first (the first holds warm-up), user and kernel CPU
 seconds and minor page faults of the child; then each variant's speed-up over `default malloc`.
 
     python benchmarks/cpu_train_speed.py --sft_steps 10 --grpo_steps 3
     python benchmarks/cpu_train_speed.py --compare precision --sft_steps 3
     python benchmarks/cpu_train_speed.py --compare lm_head --sft_steps 4 --grpo_steps 2 \
+        --grpo_init_adapter models/smollm2-kbrouter
+    python benchmarks/cpu_train_speed.py --compare prefill --sft_steps 0 --grpo_steps 3 \
         --grpo_init_adapter models/smollm2-kbrouter
 
 Adapters go to a temporary folder that is removed afterwards. Run it on a quiet machine.
@@ -57,7 +61,13 @@ def no_dropout_args(kind: str, config: str) -> list[str]:
 def run_train(kind: str, config: str, steps: int, env_set: dict, extra: list[str], out: Path) -> dict[str, float]:
     """One `kbrouter train KIND` of `steps` steps with `env_set` in its environment; its wall time, step times and
     child resource usage."""
-    env = {**os.environ, "KBROUTER_HUGEPAGES": "1", "KBROUTER_COMPACT_LM_HEAD": "1", **env_set}
+    env = {
+        **os.environ,
+        "KBROUTER_HUGEPAGES": "1",
+        "KBROUTER_COMPACT_LM_HEAD": "1",
+        "KBROUTER_SHARED_PREFILL": "1",
+        **env_set,
+    }
     env.pop("GLIBC_TUNABLES", None)  # each variant chooses its own malloc setting
     log = out.with_suffix(".log")
     args = ["--config", config, "--max_steps", str(steps), "--save_steps", "1000000", "--output_dir", str(out)]
@@ -99,7 +109,9 @@ def main() -> None:
     ap.add_argument(
         "--grpo_init_adapter", default="", help="start Step-GRPO from this adapter instead of the recipe's"
     )
-    ap.add_argument("--compare", choices=["malloc", "precision", "lm_head"], default="malloc", help="what to vary")
+    ap.add_argument(
+        "--compare", choices=["malloc", "precision", "lm_head", "prefill"], default="malloc", help="what to vary"
+    )
     args = ap.parse_args()
     plan = [("sft", args.sft_config, args.sft_steps), ("grpo", args.grpo_config, args.grpo_steps)]
     with tempfile.TemporaryDirectory(prefix="kbrouter_train_speed_") as tmp:
@@ -113,6 +125,11 @@ def main() -> None:
                 variants = {
                     "LM head: every position": ({"KBROUTER_COMPACT_LM_HEAD": "0"}, []),
                     "LM head: labelled only": ({}, []),
+                }
+            elif args.compare == "prefill":
+                variants = {
+                    "prefill: every row": ({"KBROUTER_SHARED_PREFILL": "0"}, []),
+                    "prefill: once a prompt": ({}, []),
                 }
             else:
                 variants = {

@@ -12,6 +12,9 @@ step type and KB list (dataset columns) before TRL generates; the rollout tokeni
 samples with the policy's `generate` plus xgrammar's logits processor, one grammar per row, each compiled once per
 KB set (`agent.backends.constrained`). The loss is TRL's own, on the policy's unmasked log-probabilities of the
 sampled tokens; the samples come from the grammar-masked distribution (as with vLLM's guided decoding in TRL).
+
+Both this rollout and the free one (`free_rollout_func`, which Step-GRPO on a text policy without vLLM uses in place
+of TRL's own transformers rollout) prefill each distinct prompt of a batch once (`training/shared_prefill.py`).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from agent.protocol import answer_grammar, plan_grammar
+from training import shared_prefill
 from training.rewards import PLAN
 
 
@@ -68,8 +72,15 @@ class ConstrainedRollouts:
         return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": None}
 
 
-def sample(trainer, prompt_ids: list[list[int]], grammars: list[str]) -> list[list[int]]:  # noqa: ANN001
-    """One completion per prompt row, sampled with the trainer's generation config under that row's grammar."""
+def free_rollout_func(prompts: list, trainer) -> dict:  # noqa: ANN001 - a GRPOTrainer
+    """TRL's transformers rollout (its generation config, no grammar), each distinct prompt prefilled once."""
+    prompt_ids, _, _ = trainer._tokenize_prompts(prompts)
+    return {"prompt_ids": prompt_ids, "completion_ids": sample(trainer, prompt_ids, None), "logprobs": None}
+
+
+def sample(trainer, prompt_ids: list[list[int]], grammars: list[str] | None) -> list[list[int]]:  # noqa: ANN001
+    """One completion per prompt row, sampled with the trainer's generation config, under that row's grammar (none
+    where `grammars` is None)."""
     import torch
     from trl.models import unwrap_model_for_generation
 
@@ -90,9 +101,9 @@ def sample(trainer, prompt_ids: list[list[int]], grammars: list[str]) -> list[li
         ) as model,
         torch.no_grad(),
     ):
-        processor = grammar_processor(model, tok, grammars)
-        out = model.generate(input_ids=input_ids, attention_mask=attention, logits_processor=[processor],
-                             generation_config=trainer.generation_config)  # fmt: skip
+        processors = [grammar_processor(model, tok, grammars)] if grammars is not None else []
+        out = shared_prefill.generate(model, input_ids, attention, logits_processor=processors,
+                                      generation_config=trainer.generation_config)  # fmt: skip
     return [cut_at_eos(row.tolist(), trainer.eos_token_ids) for row in out[:, width:].cpu()]
 
 

@@ -212,6 +212,16 @@ def grpo_trainer_class(trainer_cls: type, cfg: StepGRPOConfig) -> type:
     return with_zero_advantage_skip(trainer_cls) if cfg.skip_zero_advantage else trainer_cls
 
 
+def _plain_text_generate(cfg: StepGRPOConfig, model_path: str) -> bool:
+    """TRL would sample a text policy with transformers' `generate`: kbrouter's rollout does the same, each distinct
+    prompt prefilled once (training/shared_prefill.py). vLLM, continuous batching, images and
+    `KBROUTER_SHARED_PREFILL=0` keep TRL's own."""
+    from training import shared_prefill
+
+    other = cfg.use_vllm or getattr(cfg, "use_transformers_continuous_batching", False) or cfg.use_images
+    return shared_prefill.enabled() and not other and not is_vision_language(model_path)
+
+
 def build_grpo_trainer(cfg: StepGRPOConfig):
     """Step-GRPO: `trl.GRPOTrainer` over step prompts with the recipe's rewards."""
     from trl import GRPOTrainer
@@ -224,12 +234,14 @@ def build_grpo_trainer(cfg: StepGRPOConfig):
     eval_ds = eval_ds.remove_columns("completion") if eval_ds is not None else None
     logger.info("Step-GRPO on %d step prompts (%s)", len(train_ds), dict(_count(train_ds["step_type"])))
     names = plan_kb_names(train_ds)
+    from training.constrained_rollouts import ConstrainedRollouts, constrained_trainer_class, free_rollout_func
+
     if not cfg.constrained_rollouts:
+        own = {"rollout_func": free_rollout_func} if _plain_text_generate(cfg, model_path) else {}
         trainer = make_trainer(grpo_trainer_class(GRPOTrainer, cfg), cfg, model_path, processing_class, train_ds,
-                               eval_dataset=eval_ds, reward_funcs=rewards)  # fmt: skip
+                               eval_dataset=eval_ds, reward_funcs=rewards, **own)  # fmt: skip
         trainer.kb_names = names
         return trainer
-    from training.constrained_rollouts import ConstrainedRollouts, constrained_trainer_class
 
     rollouts = ConstrainedRollouts(cfg.grammar_tokens, min_steps=cfg.rollout_min_steps)
     logger.info("rollouts sampled under the step grammars of %s tokens", cfg.grammar_tokens)

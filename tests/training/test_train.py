@@ -40,6 +40,9 @@ def test_step_grpo_smollm2_two_steps(smollm2_dir, short_steps_file, tmp_path):
     cfg = load_config("grpo", CPU_GRPO_RECIPE, ["--train_file", str(short_steps_file), "--train_format", "steps",
                                                  "--output_dir", str(tmp_path), *FAST_GRPO])  # fmt: skip
     trainer = build_grpo_trainer(cfg)
+    from training.constrained_rollouts import free_rollout_func
+
+    assert trainer.rollout_func is free_rollout_func  # a text policy: each distinct prompt prefilled once
     before = snapshot(trainer.model)
     train(trainer, cfg)
     assert trainer.state.global_step == 2
@@ -80,6 +83,7 @@ def test_step_grpo_tiny_qwen2_5_vl_with_image(tiny_vl_dir, coco_image, tmp_path)
                                                  "--output_dir", str(tmp_path / "out"), *FAST_GRPO])  # fmt: skip
     trainer = build_grpo_trainer(cfg)
     assert "images" in trainer.train_dataset.column_names
+    assert trainer.rollout_func is None  # a vision-language policy keeps TRL's own rollout
     before = snapshot(trainer.model)
     train(trainer, cfg)
     assert trainer.state.global_step == 2
