@@ -35,6 +35,7 @@ import json
 import os
 import re
 import resource
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -106,9 +107,8 @@ def main() -> None:
     ap.add_argument("--grpo_config", default=GRPO, help="a Step-GRPO recipe (its init_adapter must exist)")
     ap.add_argument("--sft_steps", type=int, default=10)
     ap.add_argument("--grpo_steps", type=int, default=0, help="0 = skip Step-GRPO (~100 s a step on 2 cores)")
-    ap.add_argument(
-        "--grpo_init_adapter", default="", help="start Step-GRPO from this adapter instead of the recipe's"
-    )
+    ap.add_argument("--grpo_init_adapter", default="", help="start Step-GRPO from this adapter, not the recipe's")
+    ap.add_argument("--grpo_extra", default="", help="more Step-GRPO overrides, e.g. a smaller micro-batch")
     ap.add_argument(
         "--compare", choices=["malloc", "precision", "lm_head", "prefill"], default="malloc", help="what to vary"
     )
@@ -119,6 +119,7 @@ def main() -> None:
             if steps <= 0:
                 continue
             adapter = ["--init_adapter", args.grpo_init_adapter] if kind == "grpo" and args.grpo_init_adapter else []
+            adapter += shlex.split(args.grpo_extra) if kind == "grpo" else []
             if args.compare == "precision":
                 variants = {"float32": ({}, ["--bf16", "false"]), "bf16 autocast": ({}, ["--bf16", "true"])}
             elif args.compare == "lm_head":
