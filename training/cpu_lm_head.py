@@ -22,19 +22,12 @@ import logging
 import os
 
 import torch
+import trl.trainer.utils as trl_utils
 
 logger = logging.getLogger(__name__)
 
 OFF_ENV = "KBROUTER_COMPACT_LM_HEAD"
-
-
-def _trl_utils():
-    import trl.trainer.utils as trl_utils
-
-    return trl_utils
-
-
-_TRL_CHOICE = getattr(_trl_utils(), "_use_triton", None)  # TRL's own rule, kept to restore and to defer to
+_TRL_CHOICE = getattr(trl_utils, "_use_triton", None)  # TRL's own rule, kept to restore and to defer to
 
 
 def compact_on(device: torch.device) -> bool:
@@ -50,8 +43,7 @@ def install(enabled: bool | None = None) -> bool:
     """
     if enabled is None:
         enabled = os.environ.get(OFF_ENV, "1").strip() != "0"
-    trl_utils = _trl_utils()
-    if _TRL_CHOICE is None or not callable(getattr(trl_utils, "add_fused_lm_head", None)):
+    if _TRL_CHOICE is None:
         logger.warning("this TRL has no `trl.trainer.utils._use_triton`: its fused LM head runs as TRL ships it")
         return False
     trl_utils._use_triton = compact_on if enabled else _TRL_CHOICE
