@@ -14,7 +14,9 @@ With `--compare lm_head` they are TRL's fused LM head as it ships on CPU (every 
 `KBROUTER_COMPACT_LM_HEAD=0`) and as kbrouter runs it (labelled positions only, training/cpu_lm_head.py), both with
 huge pages and the recipe's precision: the same loss, different work. With `--compare prefill` they are Step-GRPO
 rollouts that prefill every row (`KBROUTER_SHARED_PREFILL=0`) and that prefill each distinct prompt once
-(training/shared_prefill.py): the same samples, different work.
+(training/shared_prefill.py): the same samples, different work. With `--compare prefix` they are training forwards
+that run every row whole (`KBROUTER_SHARED_PREFIX=0`) and that run each batch's shared prompt prefix once
+(training/shared_prefill.py `share_training_prefixes`): the same loss and gradients, different work.
 Per variant: wall seconds, the mean logged step time after the first (the first holds warm-up), user and kernel CPU
 seconds and minor page faults of the child; then each variant's speed-up over `default malloc`.
 
@@ -24,6 +26,8 @@ seconds and minor page faults of the child; then each variant's speed-up over `d
         --grpo_init_adapter models/smollm2-kbrouter
     python benchmarks/cpu_train_speed.py --compare prefill --sft_steps 0 --grpo_steps 3 \
         --grpo_init_adapter models/smollm2-kbrouter
+    python benchmarks/cpu_train_speed.py --compare prefix --sft_config configs/train/smollm2_router_chain_sft_lora_cpu.yaml \
+        --sft_steps 6
 
 Adapters go to a temporary folder that is removed afterwards. Run it on a quiet machine.
 """
@@ -43,6 +47,7 @@ import time
 from pathlib import Path
 
 STEP_RE = re.compile(r"step (\d+) took ([0-9.]+) s")
+LOSS_RE = re.compile(r"'train_loss': '?([-+0-9.eE]+)")  # the trainer's final metrics: the mean loss of the run
 SFT = "configs/train/smollm2_router_sft_budget_lora_cpu.yaml"
 GRPO = "configs/train/smollm2_router_grpo_budget_lora_cpu.yaml"
 
@@ -81,13 +86,16 @@ def run_train(kind: str, config: str, steps: int, env_set: dict, extra: list[str
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if rc != 0:
         raise SystemExit(f"`{' '.join(cmd)}` exited {rc}; the tail of its log {log}:\n{log.read_text()[-2000:]}")
-    later = [float(v) for k, v in STEP_RE.findall(log.read_text()) if int(k) > 1]
+    text = log.read_text()
+    later = [float(v) for k, v in STEP_RE.findall(text) if int(k) > 1]
+    losses = LOSS_RE.findall(text)
     return {
         "wall_s": wall,
         "step_s": sum(later) / len(later) if later else float("nan"),
         "user_s": after.ru_utime - before.ru_utime,
         "kernel_s": after.ru_stime - before.ru_stime,
         "faults_M": (after.ru_minflt - before.ru_minflt) / 1e6,
+        "loss": float(losses[-1]) if losses else float("nan"),  # equal across variants that change no numbers
     }
 
 
@@ -97,7 +105,7 @@ def print_table(title: str, rows: dict[str, dict[str, float]]) -> None:
     print(f"\n{title}")
     print(f"{'':30}" + "".join(f"{k:>11}" for k in keys) + f"{'speed-up':>11}")
     for name, row in rows.items():
-        cells = "".join(f"{row[k]:11.2f}" for k in keys)
+        cells = "".join(f"{row[k]:11.6f}" if k == "loss" else f"{row[k]:11.2f}" for k in keys)
         print(f"{name:30}{cells}{base['step_s'] / row['step_s']:10.2f}x")
 
 
@@ -110,7 +118,10 @@ def main() -> None:
     ap.add_argument("--grpo_init_adapter", default="", help="start Step-GRPO from this adapter, not the recipe's")
     ap.add_argument("--grpo_extra", default="", help="more Step-GRPO overrides, e.g. a smaller micro-batch")
     ap.add_argument(
-        "--compare", choices=["malloc", "precision", "lm_head", "prefill"], default="malloc", help="what to vary"
+        "--compare",
+        choices=["malloc", "precision", "lm_head", "prefill", "prefix"],
+        default="malloc",
+        help="what to vary",
     )
     args = ap.parse_args()
     plan = [("sft", args.sft_config, args.sft_steps), ("grpo", args.grpo_config, args.grpo_steps)]
@@ -131,6 +142,11 @@ def main() -> None:
                 variants = {
                     "prefill: every row": ({"KBROUTER_SHARED_PREFILL": "0"}, []),
                     "prefill: once a prompt": ({}, []),
+                }
+            elif args.compare == "prefix":
+                variants = {
+                    "prefix: every row": ({"KBROUTER_SHARED_PREFIX": "0"}, []),
+                    "prefix: once a batch": ({}, []),
                 }
             else:
                 variants = {

@@ -440,7 +440,7 @@ def train(trainer, cfg) -> dict:
     import torch
     from transformers import TrainerState
 
-    from training import cpu_lm_head  # imports TRL
+    from training import cpu_lm_head, shared_prefill  # imports TRL
 
     trainer.add_callback(throughput_callback())
     on_cpu = getattr(cfg, "use_cpu", False) or not torch.cuda.is_available()
@@ -448,6 +448,10 @@ def train(trainer, cfg) -> dict:
     if cpu_lm_head.install() and on_cpu:
         logger.info("fused LM head: labelled positions only on CPU (training/cpu_lm_head.py; off: %s=0)",
                     cpu_lm_head.OFF_ENV)  # fmt: skip
+    sharded = bool(getattr(cfg, "deepspeed", None) or getattr(cfg, "fsdp", None))  # they wrap the backbone's modules
+    if not sharded and shared_prefill.share_training_prefixes(trainer.model):
+        logger.info("training forwards run each batch's shared prompt prefix once (training/shared_prefill.py; "
+                    "off: %s=0)", shared_prefill.TRAIN_OFF_ENV)  # fmt: skip
     checkpoint = resume_checkpoint(cfg)
     step = finished_at(checkpoint, getattr(cfg, "max_steps", -1)) if checkpoint else None
     if step is not None:
