@@ -260,6 +260,12 @@ class StepGRPOConfig(GRPOConfig, StepDataArgs):
                           "and backward: the same gradient, less compute. Off by itself where such rows still count "
                           "(beta > 0, an entropy term, images, several processes): training/zero_advantage.py."},
     )  # fmt: skip
+    screen_prompts: bool = field(
+        default=False,
+        metadata={"help": "Before training, sample each train prompt's G completions with the starting policy and keep "
+                          "only the prompts whose rewards differ (a group with equal rewards has no gradient): DAPO's "
+                          "dynamic sampling, done once. Saved as prompt_screen.json; training/prompt_screen.py."},
+    )  # fmt: skip
     rollout_min_steps: int = field(
         default=0,
         metadata={"help": "With `constrained_rollouts`: plan rows with `step_index` below N are sampled without the "

@@ -461,6 +461,10 @@ def train(trainer, cfg) -> dict:
         trainer.save_model(cfg.output_dir)
         save_router_card(trainer, cfg)
         return {"global_step": step, "resumed_finished_checkpoint": checkpoint}
+    if getattr(cfg, "screen_prompts", False):
+        from training.prompt_screen import screen_prompts
+
+        screen_prompts(trainer, cfg.output_dir)
     result = trainer.train(resume_from_checkpoint=checkpoint)
     trainer.save_model(cfg.output_dir)
     save_router_card(trainer, cfg)
