@@ -10,6 +10,7 @@ stages (GRPO - SFT by default) with its standard error (paired over the same pro
 
     python benchmarks/router_stages.py                 # ~10 min on 2 cores (3 models x ~90 prompts)
     python benchmarks/router_stages.py --limit 40 --stages sft grpo
+    python benchmarks/router_stages.py --constrained --stages sft=A hot=B --pair sft hot --scores-cache runs/bench/stages.json
     python benchmarks/router_stages.py --routing --stages sft1 sft grpo   # + first-step KB accuracy, constrained
     python benchmarks/router_stages.py --routing --vary-kb-lists 1.0 --stages sft   # routing over other KB lists
     python benchmarks/router_stages.py --constrained --limit 30 --stages base sft grpo   # as the agent decodes
@@ -159,6 +160,39 @@ def pair_verdict(first: str, then: str, m: float, se: float) -> str:
     return f"neither is ahead by > 2 s.e. ({then} - {first} = {z:+.1f} s.e.)"
 
 
+class ScoresCache:
+    """Per-prompt scores of earlier runs, keyed by the adapter's file (path, size, mtime) and every scoring option."""
+
+    OPTIONS = ("heldout", "recipe", "limit", "constrained", "vary_kb_lists", "kb_names", "kb_from")
+
+    def __init__(self, path: Path | None) -> None:
+        import json
+
+        self.path = path
+        self.data: dict = json.loads(path.read_text()) if path and path.is_file() else {}
+
+    def key(self, adapter: str | None, args: argparse.Namespace, step_types: tuple) -> str:
+        import json
+
+        weights = REPO / adapter / "adapter_model.safetensors" if adapter else None
+        stamp = [str(weights.resolve()), weights.stat().st_size, weights.stat().st_mtime_ns] if weights else None
+        return json.dumps([stamp, list(step_types), *(getattr(args, k) for k in self.OPTIONS)])
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.data
+
+    def __getitem__(self, key: str) -> dict:
+        return self.data[key]
+
+    def __setitem__(self, key: str, scores: dict) -> None:
+        import json
+
+        self.data[key] = scores
+        if self.path:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.write_text(json.dumps(self.data))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--heldout", default="runs/synth/annotation_cpu/steps_heldout.jsonl")
@@ -179,6 +213,9 @@ def main() -> None:
                     help="rename the routing prompts' KBs to this file's display names (matched by KB name)")  # fmt: skip
     ap.add_argument("--kb-from", default="configs/kb/eval_cpu.yaml", metavar="KB_YAML",
                     help="the KB file the held-out records were rendered from (for --kb-names)")  # fmt: skip
+    ap.add_argument("--scores-cache", default=None, metavar="JSON",
+                    help="reuse a stage's per-prompt scores from this file when its adapter and every scoring "
+                         "option are unchanged (an SFT compared again with a new GRPO: ~5 min saved a stage)")  # fmt: skip
     args = ap.parse_args()
 
     from agent.backends.hf import TransformersPolicy
@@ -217,11 +254,17 @@ def main() -> None:
         all_records = [renamed_kbs(r, names) if r.step_type == "plan" else r for r in all_records]
     stages = dict(args.stages)
     keys = ["reward"] + [f.__name__ for f in funcs]
+    cache = ScoresCache(REPO / args.scores_cache if args.scores_cache else None)
     for stage, adapter in stages.items():
+        key = cache.key(adapter, args, step_types)
         policy = TransformersPolicy("smollm2", adapter=str(REPO / adapter) if adapter else None, max_batch_size=16)
-        ds = build_step_dataset(records, tokenizer=policy.tokenizer, max_prompt_tokens=recipe["max_prompt_tokens"],
-                                grammar_tokens=grammar_tokens)  # fmt: skip
-        results[stage] = score(policy, ds, funcs, weights, tokens, step_types, args.constrained)
+        if key in cache:
+            results[stage] = cache[key]
+            print(f"[{stage}] scores reused from {args.scores_cache}", flush=True)
+        else:
+            ds = build_step_dataset(records, tokenizer=policy.tokenizer, max_prompt_tokens=recipe["max_prompt_tokens"],
+                                    grammar_tokens=grammar_tokens)  # fmt: skip
+            results[stage] = cache[key] = score(policy, ds, funcs, weights, tokens, step_types, args.constrained)
         done = "  ".join("{} {:.3f} ± {:.3f}".format(k, *mean_se([x for x in v if x is not None]))
                          for k, v in results[stage].items())  # fmt: skip
         print(f"[{stage}] {done}", flush=True)  # a stage's figures as soon as it is scored: a long run can be cut
