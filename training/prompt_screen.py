@@ -14,6 +14,7 @@ without screening again. The screen's own samples are not trained on, and its me
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import time
@@ -108,7 +109,4 @@ def fill_step(kept: list[int], per_step: int) -> list[int]:
 
 def _log_kept(dataset) -> None:  # noqa: ANN001 - a datasets.Dataset
     if "step_type" in dataset.column_names:
-        counts: dict = {}
-        for t in dataset["step_type"]:
-            counts[t] = counts.get(t, 0) + 1
-        logger.info("prompt screen: training on %s", counts)
+        logger.info("prompt screen: training on %s", dict(collections.Counter(dataset["step_type"])))
