@@ -283,6 +283,10 @@ class StepGRPOConfig(GRPOConfig, StepDataArgs):
                              f"{self.train_format}`; set `train_format: auto`")  # fmt: skip
         if self.eval_file:
             raise ValueError("`eval_file` is not used online; drop it (benchmarks/online_vs_offline.py evaluates)")
+        if self.screen_prompts:
+            raise ValueError("`screen_prompts` screens step prompts by their G-completion groups; an online step tree "
+                             "expands each question into rows of many prompts, so it cannot be screened that way. "
+                             "Set `screen_prompts: false`, or train on step prompts (`online: false`)")  # fmt: skip
         if self.per_device_train_batch_size % self.num_generations:
             raise ValueError(
                 f"online: `per_device_train_batch_size` ({self.per_device_train_batch_size}) must be a multiple of "

@@ -266,6 +266,8 @@ def test_online_settings_are_checked_when_the_recipe_loads(tmp_path):
         load_config("grpo", RECIPE, _args(tmp_path, kb, q, "--per_device_train_batch_size", "3"))
     with pytest.raises(ValueError, match=r"`online_rollout` is set but `online` is false"):
         load_config("grpo", RECIPE, _args(tmp_path, kb, q, "--online", "false"))
+    with pytest.raises(ValueError, match=r"`screen_prompts` screens step prompts .* Set `screen_prompts: false`"):
+        load_config("grpo", RECIPE, _args(tmp_path, kb, q, "--screen_prompts", "true"))
     with pytest.raises(
         ValueError,
         match=r"q.jsonl:1: KB 'wiki' is neither the name nor the display name of a "
