@@ -16,7 +16,9 @@ huge pages and the recipe's precision: the same loss, different work. With `--co
 rollouts that prefill every row (`KBROUTER_SHARED_PREFILL=0`) and that prefill each distinct prompt once
 (training/shared_prefill.py): the same samples, different work. With `--compare prefix` they are training forwards
 that run every row whole (`KBROUTER_SHARED_PREFIX=0`) and that run each batch's shared prompt prefix once
-(training/shared_prefill.py `share_training_prefixes`): the same loss and gradients, different work.
+(training/shared_prefill.py `share_training_prefixes`): the same loss and gradients, different work. With
+`--compare merge` they are Step-GRPO rollouts sampled through the LoRA layers (`KBROUTER_MERGED_ROLLOUTS=0`) and with
+the adapter merged into the weights (training/merged_rollouts.py): the same samples, different work.
 Per variant: wall seconds, the mean logged step time after the first (the first holds warm-up), user and kernel CPU
 seconds and minor page faults of the child; then each variant's speed-up over `default malloc`.
 
@@ -28,6 +30,8 @@ seconds and minor page faults of the child; then each variant's speed-up over `d
         --grpo_init_adapter models/smollm2-kbrouter
     python benchmarks/cpu_train_speed.py --compare prefix --sft_config configs/train/smollm2_router_chain_sft_lora_cpu.yaml \
         --sft_steps 6
+    python benchmarks/cpu_train_speed.py --compare merge --sft_steps 0 --grpo_steps 3 \
+        --grpo_config configs/train/smollm2_router_chain_v2_grpo3_long_hot_lora_cpu.yaml
 
 Adapters go to a temporary folder that is removed afterwards. Run it on a quiet machine.
 """
@@ -119,7 +123,7 @@ def main() -> None:
     ap.add_argument("--grpo_extra", default="", help="more Step-GRPO overrides, e.g. a smaller micro-batch")
     ap.add_argument(
         "--compare",
-        choices=["malloc", "precision", "lm_head", "prefill", "prefix"],
+        choices=["malloc", "precision", "lm_head", "prefill", "prefix", "merge"],
         default="malloc",
         help="what to vary",
     )
@@ -147,6 +151,11 @@ def main() -> None:
                 variants = {
                     "prefix: every row": ({"KBROUTER_SHARED_PREFIX": "0"}, []),
                     "prefix: once a batch": ({}, []),
+                }
+            elif args.compare == "merge":
+                variants = {
+                    "rollouts: LoRA unmerged": ({"KBROUTER_MERGED_ROLLOUTS": "0"}, []),
+                    "rollouts: LoRA merged": ({}, []),
                 }
             else:
                 variants = {

@@ -14,7 +14,8 @@ KB set (`agent.backends.constrained`). The loss is TRL's own, on the policy's un
 sampled tokens; the samples come from the grammar-masked distribution (as with vLLM's guided decoding in TRL).
 
 Both this rollout and the free one (`free_rollout_func`, which Step-GRPO on a text policy without vLLM uses in place
-of TRL's own transformers rollout) prefill each distinct prompt of a batch once (`training/shared_prefill.py`).
+of TRL's own transformers rollout) prefill each distinct prompt of a batch once (`training/shared_prefill.py`) and
+sample with a LoRA adapter merged into the weights (`training/merged_rollouts.py`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from collections.abc import Sequence
 
 from agent.protocol import answer_grammar, plan_grammar
 from training import shared_prefill
+from training.merged_rollouts import merged_lora
 from training.rewards import PLAN
 
 
@@ -100,6 +102,7 @@ def sample(trainer, prompt_ids: list[list[int]], grammars: list[str] | None) -> 
             generation_kwargs=trainer.generation_kwargs,
         ) as model,
         torch.no_grad(),
+        merged_lora(model, sharded=trainer.is_deepspeed_enabled or trainer.is_fsdp_enabled),
     ):
         processors = [grammar_processor(model, tok, grammars)] if grammars is not None else []
         out = shared_prefill.generate(model, input_ids, attention, logits_processor=processors,
