@@ -3,7 +3,7 @@ in training/shared_prefill.py skips), and a lower bound for batches whose rows a
 
 The recipe's own data loader gives the batches (its sampler, KB lists, truncation); `prefix_plan` picks each batch's
 prefix as training does. The bound counts, per batch, (rows - 1) x the shortest system message (up to its first
-`<|im_end|>`): what one KB list a batch would at least let the rows share. No model runs, only the tokenizer and data.
+`<|im_end|>`): what one KB list a batch would at least let the rows share. The trainer loads the model, which never runs.
 
     python benchmarks/prefix_share.py configs/train/smollm2_router_chain_v2_sft_routing_lora_cpu.yaml \
         configs/train/smollm2_router_chain_v2_sft_lora_cpu.yaml
@@ -31,7 +31,8 @@ def shares(recipe: str, end_token: str = "<|im_end|>") -> dict[str, float]:
             if plan is not None:
                 length, first, _ = plan
                 saved += (ids.shape[0] - first.shape[0]) * length
-            ends = [int((row == end).nonzero()[0]) + 1 if (row == end).any() else 0 for row in ids]
+            hits = [(row == end).nonzero() for row in ids]
+            ends = [int(h[0]) + 1 if len(h) else 0 for h in hits]
             bound += (ids.shape[0] - 1) * min(ends)
             batches += 1
     return {"batches": batches, "tokens": real, "saved": saved / real, "bound": bound / real}
